@@ -1,0 +1,31 @@
+"""A small FSDP-style model kit: sharded parameters all-gathered in forward with autograd-aware
+functional collectives, LLaMA-style dense blocks and an MoE variant (``layers.*.moe``)."""
+
+from ap_backend.models._fsdp import Sharding, gather, shard_param, single_rank_sharding
+from ap_backend.models._llama import (
+    Attention,
+    ModelConfig,
+    MoE,
+    RMSNorm,
+    ShardedEmbedding,
+    ShardedLinear,
+    SwiGLU,
+    Transformer,
+    TransformerBlock,
+)
+
+__all__ = [
+    "Attention",
+    "ModelConfig",
+    "MoE",
+    "RMSNorm",
+    "ShardedEmbedding",
+    "ShardedLinear",
+    "Sharding",
+    "SwiGLU",
+    "Transformer",
+    "TransformerBlock",
+    "gather",
+    "shard_param",
+    "single_rank_sharding",
+]

@@ -1,0 +1,219 @@
+"""A small LLaMA-style transformer whose every parameter is FSDP-sharded (see ``_fsdp``).
+
+Sized for CPU: the point is the graph structure (one all-gather chain per parameter, a
+forward that the backward partially recomputes), not the arithmetic. Parameters are
+initialised from a seed on every rank identically and then sharded, so the eager model, the
+compiled model and every rank agree on the full weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ap_backend.models._fsdp import Sharding, gather, shard_param
+
+__all__ = [
+    "Attention",
+    "ModelConfig",
+    "MoE",
+    "RMSNorm",
+    "ShardedEmbedding",
+    "ShardedLinear",
+    "SwiGLU",
+    "Transformer",
+    "TransformerBlock",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of the demo model. Every dim-0 size must divide by the world size (8 covers the
+    fake-PG tests and 2 the gloo runs)."""
+
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    ffn_dim: int = 128
+    vocab: int = 128
+    seq_len: int = 16
+    batch: int = 2
+    attention: Literal["sdpa", "matmul"] = "sdpa"
+    moe: bool = False
+    n_experts: int = 8
+    top_k: int = 2
+    seed: int = 0
+
+    def with_(self, **changes: object) -> ModelConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _init(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=gen) / math.sqrt(fan_in)
+
+
+class ShardedLinear(nn.Module):
+    """``y = x @ W.T`` with ``W`` (out, in) sharded on ``out``."""
+
+    def __init__(self, d_in: int, d_out: int, sharding: Sharding, gen: torch.Generator) -> None:
+        super().__init__()
+        self.sharding = sharding
+        self.weight = shard_param(_init((d_out, d_in), d_in, gen), sharding)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = gather(self.weight, self.sharding)
+        return F.linear(x.to(w.dtype), w)
+
+
+class ShardedEmbedding(nn.Module):
+    def __init__(self, vocab: int, dim: int, sharding: Sharding, gen: torch.Generator) -> None:
+        super().__init__()
+        self.sharding = sharding
+        self.weight = shard_param(torch.randn((vocab, dim), generator=gen), sharding)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, gather(self.weight, self.sharding))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, sharding: Sharding, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.sharding = sharding
+        self.eps = eps
+        self.weight = shard_param(torch.ones(dim), sharding)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = gather(self.weight, self.sharding)
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(w.dtype) * w
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention: ``F.scaled_dot_product_attention`` or the explicit
+    matmul-softmax-matmul form (whose intermediates give the partitioners more to decide)."""
+
+    def __init__(self, cfg: ModelConfig, sharding: Sharding, gen: torch.Generator) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.kind = cfg.attention
+        self.wq = ShardedLinear(cfg.dim, cfg.dim, sharding, gen)
+        self.wk = ShardedLinear(cfg.dim, cfg.dim, sharding, gen)
+        self.wv = ShardedLinear(cfg.dim, cfg.dim, sharding, gen)
+        self.wo = ShardedLinear(cfg.dim, cfg.dim, sharding, gen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        hd = d // self.n_heads
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.n_heads, hd).transpose(1, 2)
+
+        q, k, v = heads(self.wq(x)), heads(self.wk(x)), heads(self.wv(x))
+        if self.kind == "sdpa":
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            o = scores.softmax(-1) @ v
+        return self.wo(o.transpose(1, 2).reshape(b, s, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig, sharding: Sharding, gen: torch.Generator) -> None:
+        super().__init__()
+        self.w1 = ShardedLinear(cfg.dim, cfg.ffn_dim, sharding, gen)
+        self.w3 = ShardedLinear(cfg.dim, cfg.ffn_dim, sharding, gen)
+        self.w2 = ShardedLinear(cfg.ffn_dim, cfg.dim, sharding, gen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts, computed densely per token so the region is token-parallel (every
+    output row depends only on its own input row): that is what lets ap-epchunk split it along
+    the token dimension. Expert weights are stored flattened (E*ffn, dim) so they shard on dim 0
+    like every other parameter and are viewed back to (E, ffn, dim) after the all-gather."""
+
+    def __init__(self, cfg: ModelConfig, sharding: Sharding, gen: torch.Generator) -> None:
+        super().__init__()
+        self.sharding = sharding
+        self.n_experts, self.top_k, self.ffn = cfg.n_experts, cfg.top_k, cfg.ffn_dim
+        self.router = ShardedLinear(cfg.dim, cfg.n_experts, sharding, gen)
+        e, f, d = cfg.n_experts, cfg.ffn_dim, cfg.dim
+        self.w1 = shard_param(_init((e * f, d), d, gen), sharding)
+        self.w3 = shard_param(_init((e * f, d), d, gen), sharding)
+        self.w2 = shard_param(_init((e * d, f), f, gen), sharding)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` is (tokens, dim)."""
+        e, f = self.n_experts, self.ffn
+        t, d = x.shape
+        probs = self.router(x).float().softmax(-1)
+        top_vals, top_idx = probs.topk(self.top_k, dim=-1)
+        gates = torch.zeros_like(probs).scatter(-1, top_idx, top_vals / top_vals.sum(-1, True))
+        w1 = gather(self.w1, self.sharding).view(e, f, d)
+        w3 = gather(self.w3, self.sharding).view(e, f, d)
+        w2 = gather(self.w2, self.sharding).view(e, d, f)
+        xe = x.to(w1.dtype).unsqueeze(0).expand(e, t, d)
+        h = F.silu(torch.bmm(xe, w1.transpose(1, 2))) * torch.bmm(xe, w3.transpose(1, 2))
+        y = torch.bmm(h, w2.transpose(1, 2))  # (E, T, D)
+        return (y * gates.t().unsqueeze(-1).to(y.dtype)).sum(0)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, sharding: Sharding, gen: torch.Generator) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, sharding)
+        self.attention = Attention(cfg, sharding, gen)
+        self.ffn_norm = RMSNorm(cfg.dim, sharding)
+        self.moe: nn.Module | None = MoE(cfg, sharding, gen) if cfg.moe else None
+        self.feed_forward: nn.Module | None = None if cfg.moe else SwiGLU(cfg, sharding, gen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x))
+        normed = self.ffn_norm(h)
+        if self.moe is not None:
+            b, s, d = normed.shape
+            return h + self.moe(normed.reshape(b * s, d)).view(b, s, d)
+        assert self.feed_forward is not None
+        return h + self.feed_forward(normed)
+
+
+class Transformer(nn.Module):
+    """``forward(tokens, targets)`` returns the mean cross-entropy loss (fp32); without targets
+    it returns the logits."""
+
+    def __init__(self, cfg: ModelConfig, sharding: Sharding) -> None:
+        super().__init__()
+        self.cfg = cfg
+        gen = torch.Generator().manual_seed(cfg.seed)
+        self.tok_embeddings = ShardedEmbedding(cfg.vocab, cfg.dim, sharding, gen)
+        self.layers = nn.ModuleList(
+            TransformerBlock(cfg, sharding, gen) for _ in range(cfg.n_layers)
+        )
+        self.norm = RMSNorm(cfg.dim, sharding)
+        self.output = ShardedLinear(cfg.dim, cfg.vocab, sharding, gen)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        logits = self.output(self.norm(h)).float()
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    def example_batch(self, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Deterministic per-(step, rank) tokens and next-token targets."""
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(1000 * step + rank + 1)
+        seq = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=gen)
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
