@@ -1,0 +1,262 @@
+"""``SaveAllPartitioner``: replay the first compilation's saves instead of solving min-cut.
+
+Why: the joint graph is partitioned twice (first compilation, then the user's
+``torch.compile``). The second sees a different graph; with an AC pass on, min-cut recomputes
+matmuls in the backward, which needs the unsharded weights, and ``force_save_collectives`` then
+pins those all-gather outputs as saved. The first compilation already stamped what it saved
+(``custom["ap_must_save"]``, carried through the retrace), so this partitioner saves exactly
+that: torch's prologue, the rules in :mod:`ap_partitioner.rules`, torch's extraction and
+epilogue. A replay that does not cut the new graph falls back to min-cut (or raises when
+``strict``), never crashing training silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from ap_partitioner import _compat
+from ap_partitioner.cut import blocked_by_recompute_tag, missing_values
+from ap_partitioner.dce import wait_tensor_dce
+from ap_partitioner.prologue import Prologue, run_epilogue, run_prologue
+from ap_partitioner.report import (
+    PartitionReport,
+    ReportCallback,
+    build_report,
+    emit,
+)
+from ap_partitioner.rules import SavePlan, plan_saves
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[fx.GraphModule, fx.GraphModule]
+
+
+class ReplayError(RuntimeError):
+    """``strict=True`` and the replayed save set is not a valid cut of the joint graph."""
+
+    def __init__(self, reason: str, missing: Sequence[str] = ()) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.missing = tuple(missing)
+
+
+@functools.cache
+def source_hash() -> str:
+    """sha256 over this package's own source files: any code change changes every uuid."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _pop_partition_kwargs(kwargs: dict[str, Any]) -> tuple[int, list[int], str]:
+    """The kwargs Inductor/AOTAutograd pass: ``num_fwd_outputs`` (required),
+    ``static_lifetime_input_indices`` and ``compiler`` (not accepted by ``default_partition``)."""
+    if "num_fwd_outputs" not in kwargs:
+        raise TypeError("partitioner call is missing the required keyword 'num_fwd_outputs'")
+    num_fwd_outputs = int(kwargs.pop("num_fwd_outputs"))
+    static = list(kwargs.pop("static_lifetime_input_indices", None) or [])
+    compiler = str(kwargs.pop("compiler", "inductor"))
+    if kwargs:
+        log.debug("ap-partitioner ignores partitioner kwargs %s", sorted(kwargs))
+    return num_fwd_outputs, static, compiler
+
+
+class SaveAllPartitioner(CustomPartitionerFn):
+    """Save exactly the tagged values (see :mod:`ap_partitioner.rules`); set it as
+    ``torch._inductor.config.custom_partitioner_fn`` or pass it as an AOT ``partition_fn``.
+
+    Options: ``strict`` raises :class:`ReplayError` instead of falling back to min-cut on an
+    invalid replay; ``on_report`` receives a :class:`PartitionReport` per call;
+    ``dce_unused_waits`` wraps the partition in :func:`wait_tensor_dce` so an unused wait (and
+    the cast parameter feeding its all-gather) is not handed to the backward.
+    """
+
+    name = "save_all"
+
+    def __init__(
+        self,
+        strict: bool = False,
+        on_report: ReportCallback | None = None,
+        *,
+        dce_unused_waits: bool = True,
+    ) -> None:
+        self.strict = strict
+        self.on_report = on_report
+        self.dce_unused_waits = dce_unused_waits
+
+    def uuid(self) -> str:
+        """Changes with this package's code and with every option that changes the output.
+
+        A ``None`` uuid would not bypass Inductor's caches: with a warm cache the partitioner
+        would be silently skipped. ``on_report`` is an observer and is not part of the key.
+        """
+        opts = f"strict={self.strict};dce_unused_waits={self.dce_unused_waits}"
+        return hashlib.sha256(f"{self.name};{source_hash()};{opts}".encode()).hexdigest()
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> Partition:
+        num_fwd_outputs, static, compiler = _pop_partition_kwargs(kwargs)
+        start = time.perf_counter()
+        scope = wait_tensor_dce() if self.dce_unused_waits else contextlib.nullcontext()
+        with scope:
+            fw, bw, extra = self._partition(gm, joint_inputs, num_fwd_outputs, static, compiler)
+        report = build_report(
+            extra.pop("partitioner", self.name),
+            fw,
+            bw,
+            num_fwd_outputs,
+            partition_time_s=time.perf_counter() - start,
+            **extra,
+        )
+        emit(report, self.on_report)
+        return fw, bw
+
+    def _partition(
+        self,
+        gm: fx.GraphModule,
+        joint_inputs: Sequence[object],
+        num_fwd_outputs: int,
+        static: list[int],
+        compiler: str,
+    ) -> tuple[fx.GraphModule, fx.GraphModule, dict[str, Any]]:
+        mod = _compat.partitioners()
+        pro = run_prologue(gm, num_fwd_outputs)
+        notes = tuple(f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged)
+        info = mod.classify_nodes(pro.module, static, num_fwd_outputs)
+        if len(info.required_bw_nodes) == 0:
+            fw, bw = mod.default_partition(
+                pro.module,
+                joint_inputs,
+                num_fwd_outputs=num_fwd_outputs,
+                static_lifetime_input_indices=static,
+                static_lifetime_input_nodes=info.static_lifetime_input_nodes,
+            )
+            note = "no backward nodes: delegated to default_partition"
+            return fw, bw, {"partitioner": "default", "notes": (*notes, note)}
+        plan = plan_saves([*info.required_fw_nodes, *info.unclaimed_nodes])
+        missing = missing_values(pro.module, plan, num_fwd_outputs)
+        if missing:
+            reason = self._missing_reason(pro.module, missing)
+            return self._fallback(pro, joint_inputs, num_fwd_outputs, static, compiler,
+                                  reason, missing, notes)
+        try:
+            fw, bw = self._extract(pro, plan, info, num_fwd_outputs)
+        except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
+            reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
+            return self._fallback(pro, joint_inputs, num_fwd_outputs, static, compiler,
+                                  reason, [], notes, cause=exc)
+        return fw, bw, {"notes": notes}
+
+    @staticmethod
+    def _missing_reason(joint: fx.GraphModule, missing: list[str]) -> str:
+        blocked = blocked_by_recompute_tag(joint, missing)
+        reason = (
+            "replayed save set is not a valid cut: the backward needs values that are neither "
+            f"saved nor recomputable: {', '.join(missing)}"
+        )
+        if blocked:
+            reason += f" (MUST_RECOMPUTE refused saving: {', '.join(blocked)})"
+        return reason
+
+    @staticmethod
+    def _extract(pro: Prologue, plan: SavePlan, info: Any, num_fwd_outputs: int) -> Partition:
+        mod = _compat.partitioners()
+        sym_nodes = list(plan.sym_nodes)  # torch mutates it to the symbols actually saved
+        fw, bw = mod._extract_fwd_bwd_modules(
+            pro.module,
+            plan.values,
+            saved_sym_nodes=sym_nodes,
+            saved_opaque_nodes=plan.opaque_nodes,
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_nodes=info.static_lifetime_input_nodes,
+        )
+        return run_epilogue(pro, fw, bw, len(sym_nodes))
+
+    def _fallback(
+        self,
+        pro: Prologue,
+        joint_inputs: Sequence[object],
+        num_fwd_outputs: int,
+        static: list[int],
+        compiler: str,
+        reason: str,
+        missing: Sequence[str],
+        notes: tuple[str, ...],
+        cause: BaseException | None = None,
+    ) -> tuple[fx.GraphModule, fx.GraphModule, dict[str, Any]]:
+        if self.strict:
+            raise ReplayError(f"SaveAllPartitioner(strict=True): {reason}", missing) from cause
+        log.warning("ap-partitioner: %s; falling back to min-cut", reason)
+        fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
+            pro.module,
+            joint_inputs,
+            compiler,
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=static,
+        )
+        extra = {
+            "fell_back": True,
+            "fallback_reason": reason,
+            "missing_values": tuple(missing),
+            "notes": notes,
+        }
+        return fw, bw, extra
+
+
+class MinCutPartitioner(CustomPartitionerFn):
+    """torch's ``min_cut_rematerialization_partition``, unchanged, plus the same
+    :class:`PartitionReport` so min-cut and save-all can be compared field by field."""
+
+    name = "min_cut"
+
+    def __init__(self, on_report: ReportCallback | None = None) -> None:
+        self.on_report = on_report
+
+    def uuid(self) -> str:
+        return hashlib.sha256(f"{self.name};{source_hash()}".encode()).hexdigest()
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> Partition:
+        num_fwd_outputs, static, compiler = _pop_partition_kwargs(kwargs)
+        start = time.perf_counter()
+        fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
+            gm,
+            joint_inputs,
+            compiler,
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=static,
+        )
+        report = build_report(
+            self.name, fw, bw, num_fwd_outputs, partition_time_s=time.perf_counter() - start
+        )
+        emit(report, self.on_report)
+        return fw, bw
+
+
+def report_for(
+    fw_module: fx.GraphModule,
+    bw_module: fx.GraphModule,
+    num_fwd_outputs: int,
+    *,
+    partitioner: str = "external",
+    partition_time_s: float = 0.0,
+) -> PartitionReport:
+    """Measure a partition produced elsewhere (e.g. torch's ``default_partition`` in the first
+    compilation) with the same fields as the partitioners' own reports."""
+    return build_report(
+        partitioner, fw_module, bw_module, num_fwd_outputs, partition_time_s=partition_time_s
+    )

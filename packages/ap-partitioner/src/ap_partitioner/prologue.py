@@ -1,0 +1,105 @@
+"""torch's standard partitioner prologue, as ``min_cut_rematerialization_partition`` runs it.
+
+Kept line for line with min-cut so the replay sees the same normalized graph min-cut would:
+DCE, CSE (with 2.14+'s backward-dependency key), ``cleanup_recompute_tags``,
+``force_save_collectives`` (2.13/2.14 tag the collective, 2.15 its leaf outputs: both are
+honoured by the MUST_SAVE rules), ``force_save_effectful_ops`` and ``force_save_bw_mutation_src``.
+Their MUST_SAVE tags matter: collectives must not be silently re-run, effects must not repeat,
+and a value the backward mutates must not be recomputed from its mutated state.
+
+One deliberate deviation: an effectful (``with_effects``) forward op tagged for recomputation
+cannot be recomputed (its token chain is fixed before partitioning). 2.15 raises on an explicit
+MUST_RECOMPUTE there, 2.13/2.14 silently skip saving it and emit an invalid backward. Tags can
+reach such a node by retrace inheritance, which is not the user's intent, so the prologue
+re-tags it MUST_SAVE first, names it in the report and logs a warning, on every version alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch.fx as fx
+from torch._functorch import config as functorch_config
+from torch.utils.checkpoint import CheckpointPolicy
+
+from ap_partitioner import _compat
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """What the prologue found, needed again by the epilogue."""
+
+    module: fx.GraphModule
+    has_recomputable_ops: bool
+    has_recomputable_rng_ops: bool
+    effectful_retagged: tuple[str, ...]
+
+
+def effectful_recompute_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """Forward ``with_effects`` nodes carrying a MUST/PREFER_RECOMPUTE policy."""
+    mod = _compat.partitioners()
+    return [
+        n
+        for n in graph.nodes
+        if _compat.is_with_effects(n)
+        and not mod._has_tag_is_backward(n)
+        and mod.must_recompute(n)
+    ]
+
+
+def save_effectful_instead_of_recompute(graph: fx.Graph) -> tuple[str, ...]:
+    """Re-tag recompute-tagged effectful forward ops MUST_SAVE (see module doc)."""
+    nodes = effectful_recompute_nodes(graph)
+    for node in nodes:
+        node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    names = tuple(n.name for n in nodes)
+    if names:
+        log.warning(
+            "ap-partitioner: effectful ops cannot be recomputed; saving instead of the "
+            "recompute policy they carry: %s",
+            ", ".join(names),
+        )
+    return names
+
+
+def run_prologue(joint_module: fx.GraphModule, num_fwd_outputs: int) -> Prologue:
+    """Normalize ``joint_module`` in place (its graph may be replaced by CSE's)."""
+    mod = _compat.partitioners()
+    joint_module.graph.eliminate_dead_code()
+    joint_module.recompile()
+    if functorch_config.cse:
+        joint_module.graph = _compat.joint_graph_cse(joint_module, num_fwd_outputs)
+    has_recompute = bool(mod.has_recomputable_ops(joint_module))
+    has_rng = bool(mod.has_recomputable_rng_ops(joint_module))
+    if has_recompute:
+        joint_module = mod.cleanup_recompute_tags(joint_module, is_default_partition=False)
+    if not functorch_config.unsafe_allow_optimization_of_collectives:
+        mod.force_save_collectives(joint_module)
+    retagged = save_effectful_instead_of_recompute(joint_module.graph)
+    mod.force_save_effectful_ops(joint_module)
+    mod.force_save_bw_mutation_src(joint_module)
+    return Prologue(joint_module, has_recompute, has_rng, retagged)
+
+
+def run_epilogue(
+    prologue: Prologue,
+    fw_module: fx.GraphModule,
+    bw_module: fx.GraphModule,
+    num_saved_sym_nodes: int,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """min-cut's epilogue: RNG functionalization, autograd-order backward, raised getitems,
+    graph-safe RNG threading through HOPs."""
+    mod = _compat.partitioners()
+    if prologue.has_recomputable_ops and prologue.has_recomputable_rng_ops:
+        fw_module, bw_module = mod.functionalize_rng_ops(
+            prologue.module, fw_module, bw_module, num_saved_sym_nodes
+        )
+    bw_module = mod.reordering_to_mimic_autograd_engine(bw_module)
+    fw_module = mod.raise_getitems(fw_module)
+    bw_module = mod.raise_getitems(bw_module)
+    fw_module = mod.thread_graphsafe_rng_from_hops(fw_module, is_backward=False)
+    bw_module = mod.thread_graphsafe_rng_from_hops(bw_module, is_backward=True)
+    return fw_module, bw_module

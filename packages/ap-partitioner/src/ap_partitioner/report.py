@@ -1,0 +1,172 @@
+"""``PartitionReport``: what a partition decided, measured on the graphs it produced.
+
+Every number is read off the final forward/backward modules (the forward's extra outputs are
+exactly what autograd keeps alive), not off the plan, so the same function measures the
+save-all partitioner, torch's min-cut, or any other partition, and they can be compared field by
+field. Delivered to an optional callback, logged at DEBUG, and emitted as a
+``trace_structured`` artifact so ``tlparse`` shows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch._logging import trace_structured  # type: ignore[attr-defined]
+
+from ap_partitioner import _compat
+
+log = logging.getLogger(__name__)
+
+ReportCallback = Callable[["PartitionReport"], None]
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    """One partition's outcome.
+
+    ``saved_names``: every value the forward hands the backward (tensors, syms, opaques), in
+    forward-output order. "Activations" are the saved tensors that are not graph inputs (saved
+    primals cost nothing extra: the caller holds them anyway). All-gather outputs are saved
+    activations produced by an all-gather, its wait, or a pure view of either: keeping one alive
+    means keeping an unsharded weight alive. ``backward_collectives`` counts communicating
+    ``_c10d_functional`` ops (waits excluded) the backward runs, i.e. collectives re-run there.
+    """
+
+    partitioner: str
+    saved_names: tuple[str, ...] = ()
+    saved_activation_count: int = 0
+    saved_activation_bytes: int = 0
+    saved_input_count: int = 0
+    saved_all_gather_count: int = 0
+    saved_all_gather_bytes: int = 0
+    saved_all_gather_names: tuple[str, ...] = ()
+    sym_count: int = 0
+    opaque_count: int = 0
+    backward_collectives: int = 0
+    backward_all_gathers: int = 0
+    partition_time_s: float = 0.0
+    fell_back: bool = False
+    fallback_reason: str | None = None
+    missing_values: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+def _nbytes(node: fx.Node) -> int:
+    """Bytes of a saved tensor from its fake value (symbolic sizes resolved by their hints)."""
+    try:
+        return int(_compat.partitioners()._size_of(node))
+    except Exception:  # noqa: BLE001 - a value torch cannot size counts as 0, never fails a compile
+        return 0
+
+
+_VIEW_LIKE = ("view", "reshape", "_unsafe_view", "t", "transpose", "permute", "slice", "alias",
+              "expand", "squeeze", "unsqueeze", "as_strided", "select", "split", "chunk")
+
+
+def _is_view_like(node: fx.Node) -> bool:
+    target = node.target
+    if _compat.is_getitem(node):
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if getattr(target, "is_view", False):
+        return True
+    return target._schema.name.split("::")[-1] in _VIEW_LIKE
+
+
+def is_all_gather_output(node: fx.Node) -> bool:
+    """An all-gather, its wait, or a pure view chain of one: an unsharded weight's storage."""
+    seen = 0
+    while node.op == "call_function" and seen < 64:
+        if _compat.is_all_gather(node):
+            return True
+        if _compat.is_wait(node) or _is_view_like(node):
+            inputs = node.all_input_nodes
+            if len(inputs) != 1:
+                return False
+            node = inputs[0]
+            seen += 1
+            continue
+        return False
+    return False
+
+
+def _saved_outputs(fw_module: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
+    out = fw_module.graph.find_nodes(op="output")[0]
+    return [n for n in out.args[0][num_fwd_outputs:] if isinstance(n, fx.Node)]
+
+
+def _count_collectives(bw_module: fx.GraphModule) -> tuple[int, int]:
+    colls = [n for n in bw_module.graph.nodes if _compat.is_collective(n)]
+    return len(colls), sum(1 for n in colls if _compat.is_all_gather(n))
+
+
+def build_report(
+    partitioner: str,
+    fw_module: fx.GraphModule,
+    bw_module: fx.GraphModule,
+    num_fwd_outputs: int,
+    *,
+    partition_time_s: float = 0.0,
+    fell_back: bool = False,
+    fallback_reason: str | None = None,
+    missing_values: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (),
+) -> PartitionReport:
+    """Measure a finished partition (any partitioner's) into a ``PartitionReport``."""
+    mod = _compat.partitioners()
+    saved = _saved_outputs(fw_module, num_fwd_outputs)
+    syms = [n for n in saved if mod.is_sym_node(n)]
+    opaques = [n for n in saved if n not in syms and mod.is_opaque_node(n)]
+    tensors = [n for n in saved if n not in syms and n not in opaques]
+    inputs = [n for n in tensors if n.op == "placeholder"]
+    acts = [n for n in tensors if n.op != "placeholder"]
+    gathered = [n for n in acts if is_all_gather_output(n)]
+    n_coll, n_ag = _count_collectives(bw_module)
+    return PartitionReport(
+        partitioner=partitioner,
+        saved_names=tuple(n.name for n in saved),
+        saved_activation_count=len(acts),
+        saved_activation_bytes=sum(_nbytes(n) for n in acts),
+        saved_input_count=len(inputs),
+        saved_all_gather_count=len(gathered),
+        saved_all_gather_bytes=sum(_nbytes(n) for n in gathered),
+        saved_all_gather_names=tuple(n.name for n in gathered),
+        sym_count=len(syms),
+        opaque_count=len(opaques),
+        backward_collectives=n_coll,
+        backward_all_gathers=n_ag,
+        partition_time_s=partition_time_s,
+        fell_back=fell_back,
+        fallback_reason=fallback_reason,
+        missing_values=missing_values,
+        notes=notes,
+    )
+
+
+def fallback_report(partitioner: str, reason: str, partition_time_s: float) -> PartitionReport:
+    """A report for a call that delegated without a backward to measure (inference graphs)."""
+    return PartitionReport(
+        partitioner=partitioner, partition_time_s=partition_time_s, notes=(reason,)
+    )
+
+
+def emit(report: PartitionReport, callback: ReportCallback | None) -> None:
+    """Deliver ``report``: DEBUG log, structured-trace artifact, then the user's callback."""
+    log.debug("partition report: %s", report)
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": "ap_partition_report", "encoding": "json"},
+        payload_fn=report.to_json,
+    )
+    if callback is not None:
+        callback(report)
