@@ -1,5 +1,53 @@
-"""Topo-span-bounded FSDP collective bucketing for Inductor."""
+"""Topo-span-bounded FSDP collective bucketing for Inductor.
+
+Importing this package changes nothing in torch. Use ``patched(config)`` / ``install(config)``
+to replace torch's FSDP group detection and greedy collective bucketer, the pure functions to
+bucket a graph yourself, or ``OverlapBucketingPass`` / ``overlap_config_patches`` to get FSDP
+pre-bucketing + overlap scheduling through Inductor's ``post_grad_custom_post_pass``.
+"""
+
+from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
+from ._sizes import MissingValueError
+from .config import BucketingConfig
+from .greedy import bucket_collectives
+from .groups import primary_fsdp_groups
+from .install import current_config, install, is_installed, patched, uninstall
+from .metrics import max_consec_compute_between_rs
+from .overlap import (
+    OverlapBucketingPass,
+    cpu_overlap_estimators,
+    cpu_runtime_estimation,
+    overlap_config_patches,
+)
+from .stats import (
+    BucketingStats,
+    add_stats_observer,
+    collect_stats,
+    remove_stats_observer,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "SUPPORTED_TORCH",
+    "BucketingConfig",
+    "BucketingStats",
+    "MissingValueError",
+    "OverlapBucketingPass",
+    "UnsupportedTorchError",
+    "__version__",
+    "add_stats_observer",
+    "bucket_collectives",
+    "collect_stats",
+    "cpu_overlap_estimators",
+    "cpu_runtime_estimation",
+    "current_config",
+    "install",
+    "is_installed",
+    "max_consec_compute_between_rs",
+    "overlap_config_patches",
+    "patched",
+    "primary_fsdp_groups",
+    "remove_stats_observer",
+    "uninstall",
+]

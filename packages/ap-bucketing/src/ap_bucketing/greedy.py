@@ -1,0 +1,209 @@
+"""``bucket_collectives``: key-grouped, byte- and span-bounded greedy bucketing.
+
+Drop-in for torch's ``greedy_bucket_collective_by_mb`` (same arguments, same result shape: a
+list of buckets, each a list of >= 2 collective nodes in wait order). Differences, each on
+purpose:
+
+* Collectives are grouped by key **without adjacency**. Torch closes a run whenever an
+  eligible collective with another key appears in wait order, so graphs whose dp and tp
+  collectives interleave never bucket at all.
+* A bucket closes on bytes (``max(in, out)`` from hint-safe sizes) **or** when its topological
+  span (highest minus lowest rank, ranks snapshotted on entry) would exceed ``max_topo_span``:
+  a long-span bucket lets the merge drag many layers of compute together.
+* A collective that depends on a member of the open bucket never joins it; the check is
+  incremental and bounded by rank (see ``_reach``), not an O(N^2) descendant table.
+* A collective whose size has no hint is left unbucketed with a warning, instead of guarding or
+  crashing.
+
+The function never mutates the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+from . import _compat
+from ._reach import BucketReach
+from ._sizes import collective_bytes
+from .config import BucketingConfig
+from .stats import BucketingStats, StatsObserver, publish
+
+log = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+
+
+@dataclass
+class _Tally:
+    buckets: list[list[fx.Node]] = field(default_factory=list)
+    max_span: int = 0
+    closed_by_bytes: int = 0
+    closed_by_span: int = 0
+    skipped_dependent: int = 0
+    skipped_unhinted: int = 0
+
+
+def _candidates(
+    graph: fx.Graph,
+    filter_node: Callable[[fx.Node], bool],
+    filter_wait_node: Callable[[fx.Node], bool] | None,
+) -> tuple[dict[fx.Node, int], list[fx.Node]]:
+    """Rank snapshot of every node, and the eligible collectives in wait order (deduplicated:
+    a collective with two waits is considered once)."""
+    wait = _compat.wait_tensor_op()
+    ranks: dict[fx.Node, int] = {}
+    ordered: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    for index, node in enumerate(graph.nodes):
+        ranks[node] = index
+        if node.op != "call_function" or node.target is not wait or not node.args:
+            continue
+        coll = node.args[0]
+        if not isinstance(coll, fx.Node) or coll in seen or not filter_node(coll):
+            continue
+        if filter_wait_node is not None and not filter_wait_node(node):
+            continue
+        seen.add(coll)
+        ordered.append(coll)
+    return ranks, ordered
+
+
+def _group(
+    ordered: list[fx.Node], key_fn: Callable[[fx.Node], Any], non_adjacent: bool
+) -> list[list[fx.Node]]:
+    """Split the candidates into independently bucketed lists: one per key (first-seen order)
+    when ``non_adjacent``, else torch's runs of consecutive equal keys."""
+    if non_adjacent:
+        by_key: dict[Hashable, list[fx.Node]] = {}
+        for coll in ordered:
+            by_key.setdefault(key_fn(coll), []).append(coll)
+        return list(by_key.values())
+    runs: list[list[fx.Node]] = []
+    last_key: object = object()
+    for coll in ordered:
+        key = key_fn(coll)
+        if runs and key == last_key:
+            runs[-1].append(coll)
+        else:
+            runs.append([coll])
+            last_key = key
+    return runs
+
+
+def _bucket_one_group(
+    members: list[fx.Node],
+    ranks: dict[fx.Node, int],
+    cap_mb: Callable[[int], float],
+    max_topo_span: int | None,
+    tally: _Tally,
+) -> None:
+    """Greedy pass over one key's collectives (in wait order), appending buckets to ``tally``."""
+    reach = BucketReach(ranks)
+    bucket: list[fx.Node] = []
+    bucket_bytes = 0
+    low = high = 0
+    bucket_index = 0
+    cap = int(cap_mb(bucket_index) * _MIB)
+
+    def close() -> None:
+        nonlocal bucket, bucket_bytes, bucket_index, cap
+        if len(bucket) > 1:
+            tally.buckets.append(bucket)
+            tally.max_span = max(tally.max_span, high - low)
+        bucket = []
+        bucket_bytes = 0
+        reach.reset()
+        bucket_index += 1
+        cap = int(cap_mb(bucket_index) * _MIB)
+
+    for coll in members:
+        size = collective_bytes(coll)
+        if size is None:
+            tally.skipped_unhinted += 1
+            log.warning(
+                "ap_bucketing: leaving collective %r unbucketed: its size has no optimization "
+                "hint (mark unbacked dims with hint_override=...)",
+                coll.name,
+            )
+            continue
+        rank = ranks[coll]
+        if bucket:
+            over_bytes = bucket_bytes + size > cap
+            span = max(high, rank) - min(low, rank)
+            over_span = max_topo_span is not None and span > max_topo_span
+            if over_bytes or over_span:
+                tally.closed_by_bytes += int(over_bytes)
+                tally.closed_by_span += int(over_span)
+                close()
+            elif reach.reaches(coll):
+                tally.skipped_dependent += 1
+                continue
+        if not bucket:
+            low = high = rank
+        else:
+            low, high = min(low, rank), max(high, rank)
+        bucket.append(coll)
+        bucket_bytes += size
+        reach.add_source(coll)
+    if len(bucket) > 1:
+        tally.buckets.append(bucket)
+        tally.max_span = max(tally.max_span, high - low)
+
+
+def bucket_collectives(
+    gm: fx.GraphModule,
+    cap_fn: Callable[[int], float],
+    filter_node: Callable[[fx.Node], bool],
+    group_key: Callable[[fx.Node], Any],
+    filter_wait_node: Callable[[fx.Node], bool] | None = None,
+    *,
+    config: BucketingConfig | None = None,
+    observer: StatsObserver | None = None,
+) -> list[list[fx.Node]]:
+    """Bucket the collectives of ``gm`` (same contract as torch's greedy bucketer).
+
+    Args:
+        gm: the graph module; not mutated.
+        cap_fn: bucket index -> cap in MiB (ignored when ``config.bucket_cap_mb`` is set).
+        filter_node: which collectives are candidates.
+        group_key: only collectives with equal keys share a bucket.
+        filter_wait_node: optional extra filter on the candidate's wait node.
+        config: the rules; ``BucketingConfig()`` when omitted.
+        observer: called with this invocation's ``BucketingStats`` (besides the global ones).
+
+    Returns:
+        Buckets of >= 2 collective nodes each, in wait order, keys in first-seen order.
+    """
+    cfg = BucketingConfig() if config is None else config
+    if not isinstance(cfg, BucketingConfig):
+        raise ValueError(f"config must be a BucketingConfig, got {type(cfg).__name__}")
+    start = time.perf_counter()
+    ranks, ordered = _candidates(gm.graph, filter_node, filter_wait_node)
+    groups = _group(ordered, group_key, cfg.non_adjacent)
+    fixed_cap = cfg.bucket_cap_mb
+    cap_mb: Callable[[int], float] = cap_fn if fixed_cap is None else (lambda _i: fixed_cap)
+    tally = _Tally()
+    for members in groups:
+        if len(members) > 1:
+            _bucket_one_group(members, ranks, cap_mb, cfg.max_topo_span, tally)
+    stats = BucketingStats(
+        candidates=len(ordered),
+        keys=len(groups),
+        buckets=len(tally.buckets),
+        bucketed=sum(len(b) for b in tally.buckets),
+        max_span=tally.max_span,
+        closed_by_bytes=tally.closed_by_bytes,
+        closed_by_span=tally.closed_by_span,
+        skipped_dependent=tally.skipped_dependent,
+        skipped_unhinted=tally.skipped_unhinted,
+        max_topo_span=cfg.max_topo_span,
+        elapsed_s=time.perf_counter() - start,
+    )
+    publish(stats, observer)
+    return tally.buckets

@@ -1,0 +1,208 @@
+"""``OverlapBucketingPass``: FSDP pre-bucketing + overlap scheduling under ap-bucketing's rules.
+
+A ``CustomGraphPass`` a trainer sets as ``torch._inductor.config.post_grad_custom_post_pass``
+(directly, or through ``compile_fx(config_patches=overlap_config_patches(cfg))`` so it also
+reaches the lazily compiled backward). Each run enters ``patched(config)`` itself, so the forward
+*and* the backward graph are bucketed with the same config even though the backward compiles
+long after the forward's compile call returned. Its ``uuid()`` covers the config, the pass
+options and this package's source, so Inductor's FX-graph cache keys on all of them.
+
+On a machine without a GPU, ``cpu=True`` (the default there) swaps the GPU-only estimators for
+analytical ones: ``compute_estimator="analytical"``, no fusion regions, a custom runtime
+estimation, and on torch 2.13/2.14 a scoped replacement of
+``overlap_scheduling.estimate_roofline_runtime_ms`` (which needs a GPU there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from . import _compat
+from ._sizes import hint_int
+from ._source import package_source_hash
+from .config import BucketingConfig
+from .install import patched
+from .metrics import max_consec_compute_between_rs
+
+log = logging.getLogger(__name__)
+
+# AutoParallel's tuned scheduler settings (torch's own defaults are 5 GB and 200).
+_DEFAULT_SCHEDULE: dict[str, object] = {"max_in_flight_gb": 2.0, "max_coll_distance": 100}
+_CPU_BYTES_PER_MS = 1e7  # ~10 GB/s: a deterministic, order-preserving stand-in on CPU
+
+
+def _output_bytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else (val,)
+    total = 0
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            numel = hint_int(v.numel())
+            total += (numel or 0) * v.dtype.itemsize
+    return total
+
+
+def cpu_runtime_estimation(node: fx.Node, override_size: int | None = None) -> float:
+    """Analytical runtime (ms) for any node, usable as ``custom_runtime_estimation`` on CPU:
+    a fixed launch cost plus bytes moved at a nominal bandwidth. Deterministic, needs no GPU."""
+    size = override_size if override_size is not None else _output_bytes(node)
+    return 0.005 + size / _CPU_BYTES_PER_MS
+
+
+def _cpu_roofline_ms(node: fx.Node) -> float:
+    return cpu_runtime_estimation(node, None)
+
+
+_estimator_lock = threading.Lock()
+_estimator_depth = 0
+_estimator_original: Any = None
+
+
+@contextlib.contextmanager
+def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
+    """Make overlap scheduling's estimators work without a GPU for the block (nestable).
+
+    On torch 2.13/2.14 replaces ``overlap_scheduling.estimate_roofline_runtime_ms`` (it queries
+    the GPU's DRAM bandwidth) with ``cpu_runtime_estimation`` and restores the exact original on
+    exit; on 2.15 it changes nothing (the roofline falls back by itself).
+    """
+    global _estimator_depth, _estimator_original
+    if not enabled or not _compat.roofline_needs_accelerator():
+        yield
+        return
+    mod: Any = _compat.module(_compat.OVERLAP_MODULE)
+    _compat.attr(_compat.OVERLAP_MODULE, "estimate_roofline_runtime_ms")
+    with _estimator_lock:
+        if _estimator_depth == 0:
+            _estimator_original = mod.estimate_roofline_runtime_ms
+            mod.estimate_roofline_runtime_ms = _cpu_roofline_ms
+        _estimator_depth += 1
+    try:
+        yield
+    finally:
+        with _estimator_lock:
+            _estimator_depth -= 1
+            if _estimator_depth == 0:
+                if mod.estimate_roofline_runtime_ms is _cpu_roofline_ms:
+                    mod.estimate_roofline_runtime_ms = _estimator_original
+                _estimator_original = None
+
+
+def _default_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+class OverlapBucketingPass(CustomGraphPass):
+    """Post-grad pass: ap-bucketing FSDP pre-bucketing, then (``reorder=True``) torch's
+    overlap scheduler, all under ``patched(config)``.
+
+    Args:
+        config: bucketing rules; ``BucketingConfig()`` when omitted.
+        cpu: use analytical estimators (no GPU needed); default: no CUDA available.
+        reorder: run the overlap scheduler; ``False`` only pre-buckets FSDP collectives.
+        **schedule_overrides: extra keyword arguments for torch's
+            ``schedule_overlap_bucketing`` (plain values; they are part of ``uuid()``).
+    """
+
+    def __init__(
+        self,
+        config: BucketingConfig | None = None,
+        *,
+        cpu: bool | None = None,
+        reorder: bool = True,
+        **schedule_overrides: object,
+    ) -> None:
+        cfg = BucketingConfig() if config is None else config
+        if not isinstance(cfg, BucketingConfig):
+            raise ValueError(f"config must be a BucketingConfig, got {type(cfg).__name__}")
+        self.config = cfg
+        self.cpu = _default_cpu() if cpu is None else bool(cpu)
+        self.reorder = bool(reorder)
+        self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
+        self.reports: list[dict[str, object]] = []
+
+    def schedule_kwargs(self) -> dict[str, object]:
+        """The keyword arguments handed to ``schedule_overlap_bucketing``."""
+        kwargs: dict[str, object] = dict(_DEFAULT_SCHEDULE)
+        kwargs["max_compute_pre_fetch"] = self.config.max_compute_pre_fetch
+        kwargs["pre_bucketing_fsdp_collectives"] = True
+        kwargs["pre_bucketing_fsdp_collectives_bucket_cap_mb"] = self.config.bucket_cap_mb
+        if self.cpu:
+            kwargs["compute_estimator"] = "analytical"
+            kwargs["enable_fusion_regions"] = False
+            kwargs["custom_runtime_estimation"] = cpu_runtime_estimation
+        kwargs.update(self.schedule_overrides)
+        return kwargs
+
+    def __call__(self, graph: fx.Graph) -> None:
+        gm = graph.owning_module
+        if not isinstance(gm, fx.GraphModule):
+            raise ValueError("OverlapBucketingPass needs a graph owned by a GraphModule")
+        wait = _compat.wait_tensor_op()
+        if not graph.find_nodes(op="call_function", target=wait):
+            return
+        before = max_consec_compute_between_rs(graph)
+        with patched(self.config), cpu_overlap_estimators(self.cpu):
+            if self.reorder:
+                schedule = _compat.attr(_compat.OVERLAP_MODULE, "schedule_overlap_bucketing")
+                schedule(gm, **self.schedule_kwargs())
+            else:
+                pre_bucket = _compat.attr(_compat.FSDP_MODULE, "pre_bucket_fsdp_collectives")
+                pre_bucket(gm, bucket_cap_mb=self.config.bucket_cap_mb)
+        after = max_consec_compute_between_rs(graph)
+        self.reports.append({"max_consec_compute_between_rs": (before, after)})
+        log.info(
+            "OverlapBucketingPass: max_consec_compute_between_rs %d -> %d (reorder=%s, cpu=%s)",
+            before,
+            after,
+            self.reorder,
+            self.cpu,
+        )
+
+    def uuid(self) -> str:
+        """Changes whenever the config, the pass options or this package's code change."""
+        overrides = ",".join(
+            f"{k}={_stable_repr(v)}" for k, v in sorted(self.schedule_overrides.items())
+        )
+        text = (
+            f"{type(self).__qualname__}|{self.config.fingerprint()}|cpu={self.cpu}|"
+            f"reorder={self.reorder}|{overrides}|{package_source_hash()}"
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stable_repr(value: object) -> str:
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    return repr(value)
+
+
+def overlap_config_patches(
+    config: BucketingConfig | None = None,
+    *,
+    cpu: bool | None = None,
+    reorder: bool = True,
+    **schedule_overrides: object,
+) -> dict[str, object]:
+    """Inductor config patches that enable ap-bucketing + overlap scheduling on this device.
+
+    Pass them as ``compile_fx(..., config_patches=...)``: compile_fx re-applies them around the
+    lazily compiled backward, and the pass inside patches torch only while it runs, so both
+    graphs are bucketed under ``config`` without any process-wide ``install``. Torch's built-in
+    overlap scheduling is switched off so the graph is not scheduled twice.
+    """
+    bucketing_pass = OverlapBucketingPass(config, cpu=cpu, reorder=reorder, **schedule_overrides)
+    return {
+        "post_grad_custom_post_pass": bucketing_pass,
+        "aten_distributed_optimizations.enable_overlap_scheduling": False,
+    }
+
