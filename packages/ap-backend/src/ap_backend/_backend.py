@@ -1,0 +1,182 @@
+"""``autoparallel_backend``: Inductor with the ap passes composed around it.
+
+Scopes, and why each one is where it is:
+
+* The partitioner (``custom_partitioner_fn``), the joint pass (AC staging + EP chunking,
+  through ``torch._functorch.config.joint_custom_pass``) and ``wait_tensor_dce()`` are needed
+  only while AOTAutograd splits the joint graph, which happens synchronously inside
+  ``compile_fx`` -- a plain ``with`` around the call is enough.
+* Overlap scheduling and bucketing must also reach the *backward*, which AOTAutograd compiles
+  lazily on the first ``.backward()``, after this backend returned. Overlap settings therefore
+  go through ``compile_fx(config_patches=...)`` (re-applied around ``inner_compile``), and the
+  bucketing patch plus the CPU roofline patch are entered inside our own ``inner_compile``
+  wrapper, which runs for the forward and for the lazy backward alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ap_bucketing
+import ap_epchunk
+import ap_tags
+import torch
+import torch.fx
+from ap_partitioner import wait_tensor_dce
+
+from ap_backend._artifacts import emit_json, emit_string
+from ap_backend._options import BackendOptions, validate_options
+from ap_backend._overlap import cpu_roofline_patch, overlap_config_patches
+from ap_backend._partitioners import MeasuringPartitioner, make_partitioner
+from ap_backend._saved import SavedSummary
+
+__all__ = ["AutoParallelBackend", "autoparallel_backend"]
+
+log = logging.getLogger(__name__)
+
+
+class AutoParallelBackend:
+    """The callable returned by :func:`autoparallel_backend`. Besides compiling, it keeps what
+    each compile decided, so tests and the demo read results without monkeypatching:
+
+    * ``saved``: one :class:`SavedSummary` per joint partition (same measure as precompile's);
+    * ``partition_reports``: ap-partitioner's reports;
+    * ``bucketing_stats``: ap-bucketing's stats, forward and backward;
+    * ``chunk_reports``: ap-epchunk's reports;
+    * ``compile_seconds``: wall time of each backend call (forward + joint partition).
+    """
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+        self.saved: list[SavedSummary] = []
+        self.partition_reports: list[Any] = []
+        self.bucketing_stats: list[Any] = []
+        self.chunk_reports: list[Any] = []
+        self.compile_seconds: list[float] = []
+        self.inner_compiles: list[dict[str, Any]] = []
+        self._partitioner = MeasuringPartitioner(
+            make_partitioner(options.partitioner, self._on_partition_report), self._on_saved
+        )
+        self._persistent_patches = self._config_patches()
+
+    # -- callbacks -----------------------------------------------------------------------------
+    def _on_partition_report(self, report: Any) -> None:
+        self.partition_reports.append(report)
+        emit_json("ap_partition_report", report)
+
+    def _on_saved(self, summary: SavedSummary) -> None:
+        self.saved.append(summary)
+        emit_json("ap_saved_activations", summary.to_dict())
+
+    def _on_bucketing_stats(self, stats: Any) -> None:
+        self.bucketing_stats.append(stats)
+        emit_json("ap_bucketing_stats", stats)
+
+    # -- configuration -------------------------------------------------------------------------
+    def _config_patches(self) -> dict[str, Any]:
+        opts = self.options
+        patches: dict[str, Any] = {}
+        if opts.overlap_scheduling:
+            patches.update(overlap_config_patches(bucketing=opts.bucketing is not None))
+        elif opts.bucketing is not None:
+            # No overlap scheduler: Inductor's FSDP bucketing passes, which reach ap-bucketing's
+            # patched greedy bucketer.
+            patches["bucket_all_gathers_fx"] = "fsdp"
+            patches["bucket_reduce_scatters_fx"] = "fsdp"
+        return patches
+
+    def _joint_pass(self, gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
+        opts = self.options
+        if opts.ep_chunk is not None:
+            emit_string("ap_chunk_before", gm.print_readable(print_output=False))
+            report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
+            ap_epchunk.concretize_chunk_symbols(gm)
+            gm.recompile()
+            self.chunk_reports.append(report)
+            emit_json("ap_chunk_report", report)
+            emit_string("ap_chunk_after", gm.print_readable(print_output=False))
+        if opts.enable_ac:
+            out = ap_tags.ac_joint_pass(opts.ac_stage_size_gib)(gm, joint_inputs)
+            if isinstance(out, torch.fx.GraphModule):
+                gm = out
+        return gm
+
+    # -- compile -------------------------------------------------------------------------------
+    def _inner_compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+    ) -> Any:
+        """Wraps Inductor's ``compile_fx_inner`` (looked up at call time) for the forward and
+        the lazily compiled backward."""
+        from torch._inductor import compile_fx as cfx
+
+        opts = self.options
+        self.inner_compiles.append({"is_backward": bool(kwargs.get("is_backward", False))})
+        with contextlib.ExitStack() as stack:
+            if opts.overlap_scheduling:
+                stack.enter_context(cpu_roofline_patch())
+            if opts.bucketing is not None:
+                stack.enter_context(
+                    ap_bucketing.patched(opts.bucketing, observer=self._on_bucketing_stats)
+                )
+            return cfx.compile_fx_inner(gm, example_inputs, **kwargs)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        opts = self.options
+        joint: dict[str, Callable[..., Any]] = {}
+        if opts.enable_ac or opts.ep_chunk is not None:
+            joint["joint_custom_pass"] = self._joint_pass
+        start = time.perf_counter()
+        with (
+            wait_tensor_dce(),
+            torch._functorch.config.patch(joint),
+            torch._inductor.config.patch({"custom_partitioner_fn": self._partitioner}),
+        ):
+            compiled = compile_fx(
+                gm,
+                example_inputs,
+                inner_compile=self._inner_compile,
+                config_patches=self._persistent_patches or None,
+            )
+        self.compile_seconds.append(time.perf_counter() - start)
+        return compiled
+
+
+def autoparallel_backend(
+    *,
+    enable_ac: bool = False,
+    ac_stage_size_gib: float | str = "auto",
+    overlap_scheduling: bool = False,
+    bucketing: ap_bucketing.BucketingConfig | bool | None = None,
+    ep_chunk: ap_epchunk.ChunkConfig | None = None,
+    partitioner: str | Any | None = None,
+) -> AutoParallelBackend:
+    """A ``torch.compile`` backend composing the ap passes around Inductor.
+
+    * ``enable_ac``: run ap-tags' AC staging pass on the joint graph (``ac_stage_size_gib``:
+      ``"auto"`` or a positive size in GiB).
+    * ``overlap_scheduling``: Inductor's overlap scheduler for forward and backward (works on
+      CPU-only machines: analytical estimators, no fusion regions).
+    * ``bucketing``: ``True`` or an ``ap_bucketing.BucketingConfig`` enables topo-span-bounded
+      FSDP bucketing for every graph this backend compiles, including the lazy backward.
+    * ``ep_chunk``: an ``ap_epchunk.ChunkConfig``; chunks the selected regions of the joint graph
+      and concretizes the chunk symbols before partitioning.
+    * ``partitioner``: ``None``/``"save_all"`` (replay the first compile's saves), ``"min_cut"``,
+      or any ``CustomPartitionerFn``.
+
+    Raises ``ValueError`` naming the first invalid option.
+    """
+    options = validate_options(
+        enable_ac=enable_ac,
+        ac_stage_size_gib=ac_stage_size_gib,
+        overlap_scheduling=overlap_scheduling,
+        bucketing=bucketing,
+        ep_chunk=ep_chunk,
+        partitioner=partitioner,
+    )
+    return AutoParallelBackend(options)

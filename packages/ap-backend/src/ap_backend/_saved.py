@@ -1,0 +1,96 @@
+"""What a partition saved for backward, measured the same way for every partitioner.
+
+The first compilation runs torch's ``default_partition`` (no ap-partitioner report exists for
+it), so ap-backend measures its forward graph itself: the forward outputs beyond
+``num_fwd_outputs`` that are computed values (primals are parameters/inputs, not activations).
+An "all-gather output" is a saved value produced by ``wait_tensor(all_gather_into_tensor(..))``
+possibly through views: saving one keeps a full unsharded weight alive until backward, which is
+the leak the FSDP recompute tags exist to prevent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+__all__ = ["SavedSummary", "is_all_gather_output", "summarize_forward_saves"]
+
+_C10D = "_c10d_functional"
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and bool(target.is_view)
+
+
+def is_all_gather_output(node: torch.fx.Node) -> bool:
+    """True if ``node`` is a wait on an all-gather, or a view chain ending in one."""
+    cur: torch.fx.Node | None = node
+    while cur is not None and cur.op == "call_function":
+        if cur.target is torch.ops._c10d_functional.wait_tensor.default:
+            src = cur.args[0]
+            return (
+                isinstance(src, torch.fx.Node)
+                and src.target is torch.ops._c10d_functional.all_gather_into_tensor.default
+            )
+        if not _is_view(cur):
+            return False
+        first = cur.args[0] if cur.args else None
+        cur = first if isinstance(first, torch.fx.Node) else None
+    return False
+
+
+def _nbytes(node: torch.fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return int(val.numel()) * val.element_size() if not _has_symbols(val) else 0
+    return 0
+
+
+def _has_symbols(val: torch.Tensor) -> bool:
+    return any(not isinstance(s, int) for s in val.shape)
+
+
+@dataclass(frozen=True)
+class SavedSummary:
+    """Saved activations of one partition: names, (shape, dtype) signatures and bytes."""
+
+    names: tuple[str, ...]
+    signatures: tuple[tuple[tuple[int, ...], str], ...]
+    nbytes: int
+    all_gather_outputs: tuple[str, ...] = field(default=())
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "count": self.count,
+            "bytes": self.nbytes,
+            "names": list(self.names),
+            "all_gather_outputs_saved": len(self.all_gather_outputs),
+        }
+
+
+def summarize_forward_saves(fw_module: torch.fx.GraphModule, num_fwd_outputs: int) -> SavedSummary:
+    """Summarise the saved activations of a partitioned forward graph."""
+    outputs = fw_module.graph.output_node().args[0]
+    assert isinstance(outputs, tuple | list)
+    saved = [
+        n
+        for n in outputs[num_fwd_outputs:]
+        if isinstance(n, torch.fx.Node)
+        and n.op == "call_function"
+        and isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+    return SavedSummary(
+        names=tuple(n.name for n in saved),
+        signatures=tuple(
+            sorted((tuple(int(s) for s in n.meta["val"].shape), str(n.meta["val"].dtype)) for n in saved)
+        ),
+        nbytes=sum(_nbytes(n) for n in saved),
+        all_gather_outputs=tuple(n.name for n in saved if is_all_gather_output(n)),
+    )
