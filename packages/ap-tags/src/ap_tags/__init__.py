@@ -1,5 +1,79 @@
-"""Node-meta tagging schema for two-stage torch.compile pipelines."""
+"""Node-meta tagging schema for two-stage torch.compile pipelines.
+
+Every key the ap packages write or read, typed accessors for them, a validator, and the passes
+that write them: saved-output tagging for the first compilation, the meta-preserving fw/bw
+compiler that carries tags into the second, FSDP all-gather chain tagging, module-FQN
+annotation, and the staged activation-checkpointing joint pass.
+"""
+
+from __future__ import annotations
+
+from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
+from .accessors import (
+    ac_graph_id,
+    custom_meta,
+    is_must_save,
+    mark_must_save,
+    module_fqn,
+    must_save_indices,
+    recompute_policy,
+    set_recompute,
+)
+from .compiler import InterpretedGraph, preserve_meta_compiler
+from .errors import TagError
+from .fsdp import FsdpChain, FsdpTagReport, mark_fsdp_all_gather_recomputation
+from .keys import (
+    AC_GRAPH_ID,
+    CHUNK_GLUE,
+    CHUNK_INDEX,
+    CHUNK_REGION,
+    CUSTOM,
+    FSDP_AC_GRAPH_ID,
+    MODULE_FQN,
+    MUST_SAVE,
+    MUST_SAVE_INDICES,
+    PROJECT_CUSTOM_KEYS,
+    RECOMPUTE,
+)
+from .module_fqns import annotate_module_fqns
+from .saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
+from .validate import node_tag_problems, validate_tags
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "AC_GRAPH_ID",
+    "CHUNK_GLUE",
+    "CHUNK_INDEX",
+    "CHUNK_REGION",
+    "CUSTOM",
+    "FSDP_AC_GRAPH_ID",
+    "MODULE_FQN",
+    "MUST_SAVE",
+    "MUST_SAVE_INDICES",
+    "PROJECT_CUSTOM_KEYS",
+    "RECOMPUTE",
+    "SUPPORTED_TORCH",
+    "FsdpChain",
+    "FsdpTagReport",
+    "InterpretedGraph",
+    "SavedOutputsReport",
+    "TagError",
+    "UnsupportedTorchError",
+    "__version__",
+    "ac_graph_id",
+    "annotate_module_fqns",
+    "custom_meta",
+    "infer_num_fwd_outputs",
+    "is_must_save",
+    "mark_fsdp_all_gather_recomputation",
+    "mark_must_save",
+    "module_fqn",
+    "must_save_indices",
+    "node_tag_problems",
+    "preserve_meta_compiler",
+    "recompute_policy",
+    "set_recompute",
+    "tag_saved_outputs",
+    "validate_tags",
+]
