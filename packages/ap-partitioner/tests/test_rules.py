@@ -1,0 +1,401 @@
+"""Save rules on hand-built joint graphs (no process group, no compile)."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+from ap_tags import keys
+from torch.utils.checkpoint import CheckpointPolicy
+
+import ap_partitioner
+from ap_partitioner import PartitionReport, ReplayError, SaveAllPartitioner, plan_saves
+
+aten = torch.ops.aten
+MUST_SAVE = CheckpointPolicy.MUST_SAVE
+MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
+PREFER_RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class Joint:
+    """A tiny joint-graph builder: nodes carry real CPU values as ``meta["val"]``."""
+
+    def __init__(self) -> None:
+        self.g = fx.Graph()
+
+    def input(self, name: str, *shape: int) -> fx.Node:
+        node = self.g.placeholder(name)
+        node.meta["val"] = torch.randn(*shape)
+        return node
+
+    def op(self, target: Callable[..., Any], *args: Any, name: str | None = None) -> fx.Node:
+        node = self.g.call_function(target, args)
+        if name is not None:
+            node.name = name
+        def val(a: Any) -> Any:
+            if isinstance(a, fx.Node):
+                return a.meta["val"]
+            return [val(x) for x in a] if isinstance(a, list) else a
+
+        vals = [val(a) for a in args]
+        node.meta["val"] = target(*vals)
+        return node
+
+    def module(self, *outputs: fx.Node | None) -> fx.GraphModule:
+        out = self.g.output(tuple(outputs))
+        out.meta["desc"] = [None] * len(outputs)
+        return fx.GraphModule(torch.nn.Module(), self.g)
+
+
+def tag(node: fx.Node, *, replay: bool = False, policy: CheckpointPolicy | None = None,
+        indices: list[int] | None = None) -> None:
+    custom = node.meta.setdefault("custom", {})
+    if replay:
+        custom[keys.MUST_SAVE] = True
+    if indices is not None:
+        custom[keys.MUST_SAVE_INDICES] = indices
+    if policy is not None:
+        node.meta["recompute"] = policy
+
+
+def partition(gm: fx.GraphModule, num_fwd_outputs: int = 1, *, joint_inputs: list[Any] | None = None,
+              strict: bool = False, **kw: Any) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
+    reports: list[PartitionReport] = []
+    fn = SaveAllPartitioner(strict=strict, on_report=reports.append)
+    fw, bw = fn(gm, [] if joint_inputs is None else joint_inputs,
+                num_fwd_outputs=num_fwd_outputs, **kw)
+    assert len(reports) == 1
+    return fw, bw, reports[0]
+
+
+def saved(fw: fx.GraphModule, num_fwd_outputs: int = 1) -> list[str]:
+    out = fw.graph.find_nodes(op="output")[0]
+    return [n.name for n in out.args[0][num_fwd_outputs:] if isinstance(n, fx.Node)]
+
+
+def bw_inputs(bw: fx.GraphModule) -> list[str]:
+    return [n.name for n in bw.graph.find_nodes(op="placeholder")]
+
+
+def simple(meta_tagger: Callable[[fx.Node], None]) -> fx.GraphModule:
+    """fwd: add = x + x (user output); bwd: mul(add, tangent) needs add."""
+    j = Joint()
+    x = j.input("primals_1", 4)
+    t = j.input("tangents_1", 4)
+    add = j.op(aten.add.Tensor, x, x, name="add_tensor")
+    meta_tagger(add)
+    sin = j.op(aten.sin.default, add, name="sin")
+    grad = j.op(aten.mul.Tensor, sin, t, name="mul")
+    return j.module(add, grad)
+
+
+def split_graph(parent_tag: Callable[[fx.Node], None], *, inherit: bool = False,
+                extra_parent_user: bool = False) -> fx.GraphModule:
+    """fwd: split(x) -> 3 getitems -> cos each -> cat; bwd uses cos(getitem 0) and cos(getitem 1)."""
+    j = Joint()
+    x = j.input("primals_1", 6)
+    t = j.input("tangents_1", 2)
+    sp = j.op(aten.split.Tensor, x, 2, name="split")
+    parent_tag(sp)
+    items = []
+    for i in range(3):
+        gi = j.op(operator.getitem, sp, i, name="getitem" if i == 0 else f"getitem_{i}")
+        if inherit:  # what a retrace does: the getitem inherits the parent's custom dict
+            gi.meta["custom"] = dict(sp.meta.get("custom", {}))
+            if "recompute" in sp.meta:
+                gi.meta["recompute"] = sp.meta["recompute"]
+        items.append(gi)
+    c0 = j.op(aten.cos.default, items[0], name="cos")
+    c1 = j.op(aten.cos.default, items[1], name="cos_1")
+    fwd = j.op(aten.sum.default, j.op(aten.cat.default, items), name="sum_1")
+    g0 = j.op(aten.mul.Tensor, c0, t, name="mul")
+    g1 = j.op(aten.mul.Tensor, c1, t, name="mul_1")
+    grad = j.op(aten.cat.default, [g0, g1, t], name="cat_grad")
+    outs: list[fx.Node] = [fwd]
+    if extra_parent_user:
+        outs.append(j.op(aten.clone.default, j.op(operator.getitem, sp, 2), name="clone"))
+        # a non-getitem user of the tuple
+        s = j.g.call_function(torch.ops.aten.cat.default, (sp,))
+        s.name = "cat_tuple"
+        s.meta["val"] = torch.cat(sp.meta["val"])
+        outs.append(s)
+    return j.module(*outs, grad)
+
+
+# --------------------------------------------------------------------- plain-node rules
+
+
+def test_ap_must_save_saved_despite_prefer_recompute() -> None:
+    fw, bw, rep = partition(simple(lambda n: tag(n, replay=True, policy=PREFER_RECOMPUTE)))
+    assert "add_tensor" in saved(fw) and "add_tensor" in bw_inputs(bw)
+    assert rep.saved_activation_count >= 1 and not rep.fell_back
+
+
+def test_must_save_policy_honoured() -> None:
+    fw, bw, _ = partition(simple(lambda n: tag(n, policy=MUST_SAVE)))
+    assert "add_tensor" in saved(fw) and "add_tensor" in bw_inputs(bw)
+
+
+def test_untagged_value_is_recomputed_from_saved_primal() -> None:
+    fw, bw, rep = partition(simple(lambda n: None))
+    assert saved(fw) == ["primals_1"]
+    assert any(n.target is aten.add.Tensor for n in bw.graph.nodes)  # recomputed in backward
+    assert rep.saved_activation_count == 0 and rep.saved_input_count == 1
+
+
+def test_must_recompute_blocks_a_plain_save() -> None:
+    fw, bw, _ = partition(simple(lambda n: tag(n, replay=True, policy=MUST_RECOMPUTE)))
+    assert "add_tensor" not in saved(fw) and "add_tensor" not in bw_inputs(bw)
+
+
+# --------------------------------------------------------------------- multi-output rules
+
+
+def test_must_recompute_blocks_a_multi_output_save() -> None:
+    gm = split_graph(lambda n: tag(n, replay=True, policy=MUST_RECOMPUTE, indices=[0, 1, 2]))
+    fw, _, _ = partition(gm)
+    assert not [s for s in saved(fw) if s.startswith("getitem")]
+
+
+def test_only_indexed_getitems_are_saved() -> None:
+    fw, bw, _ = partition(split_graph(lambda n: tag(n, replay=True, indices=[0])))
+    assert "getitem" in saved(fw) and "getitem_1" not in saved(fw)
+    assert "split" not in saved(fw)
+
+
+def test_index_list_still_restricts_when_getitems_inherit_the_parent_tag() -> None:
+    """A retrace copies the parent's ``ap_must_save`` onto its getitems; the list must win."""
+    gm = split_graph(lambda n: tag(n, replay=True, indices=[0]), inherit=True)
+    fw, _, _ = partition(gm)
+    assert "getitem" in saved(fw) and "getitem_1" not in saved(fw)
+
+
+def test_must_save_overrides_getitem_indices() -> None:
+    fw, _, _ = partition(split_graph(lambda n: tag(n, replay=True, policy=MUST_SAVE, indices=[0])))
+    assert {"getitem", "getitem_1"} <= set(saved(fw))
+
+
+def test_tuple_with_a_non_getitem_user_is_never_saved() -> None:
+    gm = split_graph(lambda n: tag(n, replay=True, indices=[0, 1]), extra_parent_user=True)
+    fw, bw, _ = partition(gm, num_fwd_outputs=3)
+    names = saved(fw, 3)
+    assert "split" not in names and "getitem" in names
+    for node in bw.graph.find_nodes(op="placeholder"):
+        assert not isinstance(node.meta.get("val"), (tuple, list)), node.name
+
+
+# --------------------------------------------------------------------- sym, opaque, dedup
+
+
+def _symbolic(hint: int = 4) -> Any:
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    return env.create_symintnode(env.create_symbol(hint, source=ConstantSource("s0")), hint=hint)
+
+
+def test_sym_rules_save_syms_but_not_assert_only_symbools() -> None:
+    j = Joint()
+    x = j.input("primals_1", 4)
+    size = j.g.call_function(aten.sym_size.int, (x, 0))
+    size.meta["val"] = _symbolic()
+    asserted = j.g.call_function(operator.ge, (size, 2))
+    asserted.meta["val"] = asserted_val = size.meta["val"] >= 2
+    assert isinstance(asserted_val, torch.SymBool)
+    j.g.call_function(aten._assert_scalar.default, (asserted, "msg"))
+    blocked = j.g.call_function(aten.sym_size.int, (x, 0))
+    blocked.meta["val"] = _symbolic()
+    tag(blocked, replay=True, policy=MUST_RECOMPUTE)
+    plan = plan_saves(list(j.g.nodes))
+    assert plan.sym_nodes == [size]  # assert-only SymBool and MUST_RECOMPUTE sym excluded
+
+
+def test_sym_nodes_saved_end_to_end_with_dynamic_shapes() -> None:
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    reports: list[PartitionReport] = []
+
+    def backend(gm: fx.GraphModule, ex: list[Any]) -> Any:
+        return aot_module_simplified(gm, ex, fw_compiler=_identity, bw_compiler=_identity,
+                                     partition_fn=SaveAllPartitioner(on_report=reports.append))
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() * x.shape[0]).sum()
+
+    torch._dynamo.reset()
+    x = torch.randn(5, 3, requires_grad=True)
+    torch.compile(f, backend=backend, dynamic=True)(x).backward()
+    assert reports and reports[0].sym_count >= 1
+    torch.testing.assert_close(x.grad, x.detach().cos() * 5)
+
+
+def _identity(gm: fx.GraphModule, _ex: Any) -> Any:
+    from functorch.compile import make_boxed_func
+
+    return make_boxed_func(gm)
+
+
+def test_opaque_saved_unless_must_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._functorch import partitioners
+
+    for policy, expect in ((None, True), (MUST_RECOMPUTE, False)):
+        gm = simple(lambda n, p=policy: tag(n, policy=p))  # type: ignore[misc]
+        add = next(n for n in gm.graph.nodes if n.name == "add_tensor")
+        monkeypatch.setattr(partitioners, "is_opaque_node", lambda n, a=add: n is a)
+        plan = plan_saves(list(gm.graph.nodes))
+        assert (add in plan.opaque_nodes) is expect, policy
+
+
+def test_saved_lists_are_deduplicated() -> None:
+    """A getitem both selected by its parent's index list and MUST_SAVE itself (as 2.15's
+    ``force_save_collectives`` tags leaves) must be saved once."""
+    def parent(n: fx.Node) -> None:
+        tag(n, replay=True, indices=[0])
+        for user in list(n.users):
+            user.meta["recompute"] = MUST_SAVE
+
+    gm = split_graph(lambda n: tag(n, replay=True, indices=[0]))
+    sp = next(n for n in gm.graph.nodes if n.name == "split")
+    next(u for u in sp.users if u.args[1] == 0).meta["recompute"] = MUST_SAVE
+    plan = plan_saves(list(gm.graph.nodes))
+    assert [n.name for n in plan.values].count("getitem") == 1
+    fw, _, _ = partition(gm)
+    assert saved(fw).count("getitem") == 1 and len(saved(fw)) == len(set(saved(fw)))
+
+
+# --------------------------------------------------------------------- call contract
+
+
+def test_no_backward_delegates_to_default_partition_with_compiler_popped() -> None:
+    j = Joint()
+    x = j.input("primals_1", 4)
+    out = j.op(aten.sin.default, x)
+    fw, bw, rep = partition(j.module(out), compiler="inductor", static_lifetime_input_indices=[0])
+    assert rep.partitioner == "default"
+    assert not [n for n in bw.graph.nodes if n.op == "call_function"]
+    assert any(n.target is aten.sin.default for n in fw.graph.nodes)
+
+
+def test_empty_joint_inputs_and_inductor_kwargs_accepted() -> None:
+    gm = simple(lambda n: tag(n, replay=True))
+    fw, _, _ = partition(gm, joint_inputs=[], compiler="inductor", static_lifetime_input_indices=[])
+    assert "add_tensor" in saved(fw)
+
+
+def test_missing_num_fwd_outputs_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match="num_fwd_outputs"):
+        SaveAllPartitioner()(simple(lambda n: None), [])
+
+
+# --------------------------------------------------------------------- invalid cuts
+
+
+def _uncuttable() -> fx.GraphModule:
+    """The backward needs the primal itself, but the primal is tagged MUST_RECOMPUTE."""
+    gm = simple(lambda n: None)
+    tag(next(iter(gm.graph.find_nodes(op="placeholder"))), policy=MUST_RECOMPUTE)
+    return gm
+
+
+def test_invalid_cut_strict_raises_naming_the_value() -> None:
+    with pytest.raises(ReplayError, match="primals_1") as info:
+        partition(_uncuttable(), strict=True)
+    assert info.value.missing == ("primals_1",)
+    assert "MUST_RECOMPUTE" in str(info.value)
+
+
+def test_invalid_cut_falls_back_to_min_cut_with_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="ap_partitioner"):
+        fw, bw, rep = partition(_uncuttable())
+    assert rep.fell_back and rep.missing_values == ("primals_1",)
+    assert rep.fallback_reason is not None and "primals_1" in rep.fallback_reason
+    assert any("primals_1" in r.getMessage() and "min-cut" in r.getMessage() for r in caplog.records)
+    assert "primals_1" in bw_inputs(bw) or "add_tensor" in bw_inputs(bw)  # min-cut's valid cut
+
+
+def test_extraction_failure_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._functorch import partitioners
+
+    real = partitioners._extract_fwd_bwd_modules
+    calls = {"n": 0}
+
+    def failing_once(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise AssertionError("Node add_tensor was invalid, but is output")
+        return real(*a, **k)
+
+    monkeypatch.setattr(partitioners, "_extract_fwd_bwd_modules", failing_once)
+    _, _, rep = partition(simple(lambda n: tag(n, replay=True)))
+    assert rep.fell_back and "add_tensor was invalid" in (rep.fallback_reason or "")
+    with pytest.raises(ReplayError, match="extraction"):
+        calls["n"] = 0
+        partition(simple(lambda n: tag(n, replay=True)), strict=True)
+
+
+def test_unsaved_random_value_is_not_a_valid_cut() -> None:
+    """Recomputing a random op in the backward would draw new numbers."""
+    j = Joint()
+    x = j.input("primals_1", 4)
+    t = j.input("tangents_1", 4)
+    r = j.g.call_function(aten.rand_like.default, (x,))
+    r.name = "rand_like"
+    r.meta["val"] = torch.rand(4)
+    m = j.op(aten.mul.Tensor, x, r, name="mul_fwd")
+    grad = j.op(aten.mul.Tensor, r, t, name="mul_bw")
+    with pytest.raises(ReplayError, match="rand_like"):
+        partition(j.module(m, grad), strict=True)
+    tag(r, replay=True)
+    fw, _, rep = partition(j.module(m, grad) if False else _rand_graph_tagged(), strict=True)
+    assert "rand_like" in saved(fw) and not rep.fell_back
+
+
+def _rand_graph_tagged() -> fx.GraphModule:
+    j = Joint()
+    x = j.input("primals_1", 4)
+    t = j.input("tangents_1", 4)
+    r = j.g.call_function(aten.rand_like.default, (x,))
+    r.name = "rand_like"
+    r.meta["val"] = torch.rand(4)
+    tag(r, replay=True)
+    m = j.op(aten.mul.Tensor, x, r, name="mul_fwd")
+    grad = j.op(aten.mul.Tensor, r, t, name="mul_bw")
+    return j.module(m, grad)
+
+
+# --------------------------------------------------------------------- uuid and report
+
+
+def test_uuid_is_stable_and_changes_with_options_and_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = SaveAllPartitioner().uuid()
+    assert isinstance(base, str) and base == SaveAllPartitioner(on_report=print).uuid()
+    assert SaveAllPartitioner(strict=True).uuid() != base
+    assert SaveAllPartitioner(dce_unused_waits=False).uuid() != base
+    assert ap_partitioner.MinCutPartitioner().uuid() != base
+    from ap_partitioner import partitioner as impl
+
+    monkeypatch.setattr(impl, "source_hash", lambda: "edited")
+    assert SaveAllPartitioner().uuid() != base
+
+
+def test_source_hash_covers_every_module() -> None:
+    from pathlib import Path
+
+    from ap_partitioner import partitioner as impl
+
+    files = sorted(Path(impl.__file__).parent.glob("*.py"))
+    assert {f.name for f in files} >= {"rules.py", "partitioner.py", "prologue.py", "cut.py"}
+
+
+def test_report_measures_saved_bytes() -> None:
+    fw, _, rep = partition(simple(lambda n: tag(n, replay=True)))
+    assert rep.saved_names == tuple(saved(fw))
+    assert rep.saved_activation_bytes == 4 * 4  # add_tensor: 4 float32
+    assert rep.partition_time_s > 0 and rep.partitioner == "save_all"
+    assert '"saved_activation_count": 1' in rep.to_json()
