@@ -9,7 +9,6 @@ import torch
 import torch.distributed._functional_collectives  # noqa: F401  (registers the waits)
 import torch.fx as fx
 import torch.fx.node
-
 from ap_partitioner import wait_tensor_dce
 from ap_partitioner.dce import is_active
 

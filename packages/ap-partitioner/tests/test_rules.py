@@ -7,14 +7,13 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import ap_partitioner
 import pytest
 import torch
 import torch.fx as fx
+from ap_partitioner import PartitionReport, ReplayError, SaveAllPartitioner, plan_saves
 from ap_tags import keys
 from torch.utils.checkpoint import CheckpointPolicy
-
-import ap_partitioner
-from ap_partitioner import PartitionReport, ReplayError, SaveAllPartitioner, plan_saves
 
 aten = torch.ops.aten
 MUST_SAVE = CheckpointPolicy.MUST_SAVE

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import ap_tags
 import torch.fx as fx
-from ap_tags import keys
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
@@ -35,7 +35,7 @@ from ap_partitioner import _compat
 
 def policy(node: fx.Node) -> CheckpointPolicy | None:
     """torch's checkpoint policy on ``node`` (``meta["recompute"]``), if any."""
-    value = node.meta.get(keys.RECOMPUTE)
+    value = ap_tags.recompute_policy(node)
     return value if isinstance(value, CheckpointPolicy) else None
 
 
@@ -50,19 +50,14 @@ def is_policy_must_save(node: fx.Node) -> bool:
 
 def has_replay_tag(node: fx.Node) -> bool:
     """``custom["ap_must_save"]``: the first compilation saved this node's value."""
-    custom = node.meta.get(keys.CUSTOM)
-    return isinstance(custom, dict) and custom.get(keys.MUST_SAVE) is True
+    return ap_tags.is_must_save(node)
 
 
 def replay_indices(node: fx.Node) -> frozenset[int] | None:
-    """The getitem indices the first compilation saved of a multi-output ``node``."""
-    custom = node.meta.get(keys.CUSTOM)
-    if not isinstance(custom, dict):
-        return None
-    idx = custom.get(keys.MUST_SAVE_INDICES)
-    if idx is None:
-        return None
-    return frozenset(i for i in idx if isinstance(i, int))
+    """The getitem indices the first compilation saved of a multi-output ``node``; None (all
+    of them) when the parent carries no list."""
+    indices = ap_tags.must_save_indices(node)
+    return frozenset(indices) if indices else None
 
 
 def is_multi_output(node: fx.Node) -> bool:
