@@ -30,11 +30,15 @@ from ap_partitioner import wait_tensor_dce
 
 from ap_backend._artifacts import emit_json, emit_string
 from ap_backend._options import BackendOptions, validate_options
-from ap_backend._overlap import cpu_roofline_patch, overlap_config_patches
+from ap_backend._overlap import overlap_config_patches
 from ap_backend._partitioners import MeasuringPartitioner, make_partitioner
 from ap_backend._saved import SavedSummary
 
 __all__ = ["AutoParallelBackend", "autoparallel_backend"]
+
+
+def _has_gpu() -> bool:
+    return bool(torch.cuda.is_available())
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +83,9 @@ class AutoParallelBackend:
     # -- configuration -------------------------------------------------------------------------
     def _config_patches(self) -> dict[str, Any]:
         opts = self.options
-        patches: dict[str, Any] = {}
-        if opts.overlap_scheduling:
-            patches.update(overlap_config_patches(bucketing=opts.bucketing is not None))
-        elif opts.bucketing is not None:
-            # No overlap scheduler: Inductor's FSDP bucketing passes, which reach ap-bucketing's
-            # patched greedy bucketer.
-            patches["bucket_all_gathers_fx"] = "fsdp"
-            patches["bucket_reduce_scatters_fx"] = "fsdp"
-        return patches
+        return overlap_config_patches(
+            overlap_scheduling=opts.overlap_scheduling, bucketing=opts.bucketing
+        )
 
     def _joint_pass(self, gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
         opts = self.options
@@ -116,13 +114,13 @@ class AutoParallelBackend:
         opts = self.options
         self.inner_compiles.append({"is_backward": bool(kwargs.get("is_backward", False))})
         with contextlib.ExitStack() as stack:
-            if opts.overlap_scheduling:
-                stack.enter_context(cpu_roofline_patch())
-            if opts.bucketing is not None:
-                stack.enter_context(
-                    ap_bucketing.patched(opts.bucketing, observer=self._on_bucketing_stats)
-                )
-            return cfx.compile_fx_inner(gm, example_inputs, **kwargs)
+            if opts.overlap_scheduling and opts.bucketing is None:
+                stack.enter_context(ap_bucketing.cpu_overlap_estimators(not _has_gpu()))
+            stats = stack.enter_context(ap_bucketing.collect_stats())
+            compiled = cfx.compile_fx_inner(gm, example_inputs, **kwargs)
+        for item in stats:
+            self._on_bucketing_stats(item)
+        return compiled
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx

@@ -1,93 +1,60 @@
-"""Inductor overlap-scheduling settings, including the recipe that makes them run on CPU.
+"""Inductor overlap-scheduling settings for ``compile_fx(config_patches=...)``.
 
-The settings travel through ``compile_fx(config_patches=...)``: compile_fx re-applies those
-patches around ``inner_compile``, which is what reaches the backward that AOTAutograd compiles
-lazily on the first ``.backward()`` -- long after the backend call (and any ``with`` block in
-it) has returned.
+The settings travel through ``config_patches`` because compile_fx re-applies those patches
+around ``inner_compile``, which is what reaches the backward that AOTAutograd compiles lazily on
+the first ``.backward()`` -- long after the backend call (and any ``with`` block in it) has
+returned.
 
-On a machine without a GPU the stock settings fail: the roofline/benchmark estimators ask
-triton or CUDA for bandwidth and timing. The CPU recipe uses the analytical collective
-estimator, a constant compute estimate, and no fusion regions; torch 2.13/2.14 additionally
-call ``overlap_scheduling.estimate_roofline_runtime_ms`` unconditionally, which is replaced for
-the duration of one inner compile only (on 2.15 it only silences a warning per node) (see :func:`cpu_roofline_patch`).
+* With ap-bucketing: ap-bucketing's own patches (its ``OverlapBucketingPass`` as the post-grad
+  post pass: FSDP pre-bucketing under the topo-span rules, then torch's scheduler when
+  ``reorder``), which already carry the CPU estimator recipe.
+* Without: torch's built-in overlap scheduler. On a machine without a GPU its default
+  estimators ask triton/CUDA for bandwidth and timings and fail, so the CPU recipe applies:
+  analytical compute estimator, ap-bucketing's CPU runtime estimation, no fusion regions, and
+  (torch 2.13/2.14) ap-bucketing's scoped roofline-estimator replacement, entered per inner
+  compile by the backend.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
+import ap_bucketing
 import torch
-import torch.fx
 
-__all__ = ["cpu_roofline_patch", "overlap_config_patches"]
+__all__ = ["overlap_config_patches"]
 
-#: Compute-node runtime (ms) used when no accelerator can be asked. Any positive constant works:
-#: on CPU the schedule only has to be valid, not fast.
-_CPU_COMPUTE_MS = 0.01
-
-
-def _cpu_runtime_estimate(node: torch.fx.Node, override_size: int | None = None) -> float | None:
-    """Constant compute estimate; ``None`` for collectives so the analytical model is used.
-    Module-level (not a lambda) so Inductor can pickle it into its cache key."""
-    if getattr(node.target, "namespace", None) == "_c10d_functional":
-        return None
-    return _CPU_COMPUTE_MS
+_PREFIX = "aten_distributed_optimizations."
 
 
 def _has_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def overlap_config_patches(*, bucketing: bool, max_compute_pre_fetch: int = 10) -> dict[str, Any]:
-    """The ``compile_fx(config_patches=...)`` dict turning on Inductor's overlap scheduler
-    (with collective bucketing when ``bucketing``), plus the CPU recipe when no GPU exists."""
-    prefix = "aten_distributed_optimizations."
+def overlap_config_patches(
+    *,
+    overlap_scheduling: bool,
+    bucketing: ap_bucketing.BucketingConfig | None,
+    max_compute_pre_fetch: int = 10,
+) -> dict[str, Any]:
+    """The ``compile_fx(config_patches=...)`` dict for these options (empty when neither)."""
+    if bucketing is not None:
+        return dict(ap_bucketing.overlap_config_patches(bucketing, reorder=overlap_scheduling))
+    if not overlap_scheduling:
+        return {}
     patches: dict[str, Any] = {
-        prefix + "enable_overlap_scheduling": True,
-        prefix + "collective_bucketing": bucketing,
-        prefix + "insert_overlap_deps": True,
-        prefix + "max_compute_pre_fetch": max_compute_pre_fetch,
+        _PREFIX + "enable_overlap_scheduling": True,
+        _PREFIX + "collective_bucketing": True,
+        _PREFIX + "insert_overlap_deps": True,
+        _PREFIX + "max_compute_pre_fetch": max_compute_pre_fetch,
     }
     if not _has_gpu():
         patches.update(
             {
-                prefix + "enable_fusion_regions": False,
-                prefix + "compute_estimator": "analytical",
-                prefix + "collective_estimator": "analytical",
-                prefix + "custom_runtime_estimation": _cpu_runtime_estimate,
+                _PREFIX + "enable_fusion_regions": False,
+                _PREFIX + "compute_estimator": "analytical",
+                _PREFIX + "collective_estimator": "analytical",
+                _PREFIX + "custom_runtime_estimation": ap_bucketing.cpu_runtime_estimation,
             }
         )
     return patches
-
-
-def _needs_roofline_patch() -> bool:
-    """torch < 2.15 estimates every compute node's roofline before consulting the custom
-    estimator, and that needs triton/CUDA; 2.15 degrades to one warning per node, which is
-    noise -- so the patch applies on every CPU-only machine."""
-    return not _has_gpu()
-
-
-def _constant_roofline(node: torch.fx.Node) -> float:
-    return _CPU_COMPUTE_MS
-
-
-@contextlib.contextmanager
-def cpu_roofline_patch() -> Iterator[None]:
-    """Replace ``overlap_scheduling.estimate_roofline_runtime_ms`` for one inner compile on
-    CPU-only torch < 2.15; restores the original exactly on exit. A no-op elsewhere."""
-    if not _needs_roofline_patch():
-        yield
-        return
-    from torch._inductor.fx_passes import overlap_scheduling as sched
-
-    original = getattr(sched, "estimate_roofline_runtime_ms", None)
-    if original is None:
-        yield
-        return
-    sched.estimate_roofline_runtime_ms = _constant_roofline
-    try:
-        yield
-    finally:
-        sched.estimate_roofline_runtime_ms = original

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-__all__ = ["SavedSummary", "is_all_gather_output", "summarize_forward_saves"]
+__all__ = [
+    "SavedSummary",
+    "is_all_gather_output",
+    "storage_base",
+    "summarize_forward_saves",
+]
 
 _C10D = "_c10d_functional"
 
@@ -42,6 +47,26 @@ def is_all_gather_output(node: torch.fx.Node) -> bool:
     return False
 
 
+def _is_alias(node: torch.fx.Node) -> bool:
+    """Ops whose output shares its input's storage: views, ``detach``, ``_unsafe_view``."""
+    aten = torch.ops.aten
+    return node.op == "call_function" and (
+        _is_view(node)
+        or node.target in (aten._unsafe_view.default, aten.detach.default, aten.alias.default)
+    )
+
+
+def storage_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node that owns the storage ``node`` aliases (itself if it is not an alias). Saving a
+    view keeps its base alive, so saved sets are compared and sized by bases: the first
+    compilation saves ``rsqrt`` *and* ``detach(rsqrt)``, the second only ``rsqrt`` -- one
+    tensor either way."""
+    cur = node
+    while _is_alias(cur) and cur.args and isinstance(cur.args[0], torch.fx.Node):
+        cur = cur.args[0]
+    return cur
+
+
 def _nbytes(node: torch.fx.Node) -> int:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
@@ -55,22 +80,27 @@ def _has_symbols(val: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class SavedSummary:
-    """Saved activations of one partition: names, (shape, dtype) signatures and bytes."""
+    """Saved activations of one partition. ``names`` are the saved forward values as the
+    partition listed them; ``bases`` the distinct storages they keep alive (see
+    :func:`storage_base`), with their (shape, dtype) ``signatures`` (sorted) and total bytes."""
 
     names: tuple[str, ...]
+    bases: tuple[str, ...]
     signatures: tuple[tuple[tuple[int, ...], str], ...]
     nbytes: int
     all_gather_outputs: tuple[str, ...] = field(default=())
 
     @property
     def count(self) -> int:
-        return len(self.names)
+        """Distinct saved tensors (storages)."""
+        return len(self.bases)
 
     def to_dict(self) -> dict[str, object]:
         return {
             "count": self.count,
             "bytes": self.nbytes,
             "names": list(self.names),
+            "bases": list(self.bases),
             "all_gather_outputs_saved": len(self.all_gather_outputs),
         }
 
@@ -86,11 +116,20 @@ def summarize_forward_saves(fw_module: torch.fx.GraphModule, num_fwd_outputs: in
         and n.op == "call_function"
         and isinstance(n.meta.get("val"), torch.Tensor)
     ]
+    bases = list(dict.fromkeys(storage_base(n) for n in saved))
+    # A view of a primal (e.g. the reshaped targets) keeps an input alive, not an activation.
+    bases = [
+        b for b in bases if b.op != "placeholder" and isinstance(b.meta.get("val"), torch.Tensor)
+    ]
     return SavedSummary(
         names=tuple(n.name for n in saved),
-        signatures=tuple(
-            sorted((tuple(int(s) for s in n.meta["val"].shape), str(n.meta["val"].dtype)) for n in saved)
-        ),
-        nbytes=sum(_nbytes(n) for n in saved),
+        bases=tuple(b.name for b in bases),
+        signatures=tuple(sorted(_signature(b) for b in bases)),
+        nbytes=sum(_nbytes(b) for b in bases),
         all_gather_outputs=tuple(n.name for n in saved if is_all_gather_output(n)),
     )
+
+
+def _signature(node: torch.fx.Node) -> tuple[tuple[int, ...], str]:
+    val = node.meta["val"]
+    return tuple(int(s) if isinstance(s, int) else -1 for s in val.shape), str(val.dtype)
