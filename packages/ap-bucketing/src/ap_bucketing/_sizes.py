@@ -33,7 +33,8 @@ def hint_int(value: int | torch.SymInt) -> int | None:
     import sympy  # type: ignore[import-untyped]
 
     expr: Any = sympy.sympify(node.expr)
-    for table in ("replacements", "backed_var_to_val", "var_to_val", "var_to_hint_override"):
+    backed = "backed_var_to_val" if hasattr(shape_env, "backed_var_to_val") else "var_to_val"
+    for table in ("replacements", backed, "var_to_hint_override"):
         mapping = getattr(shape_env, table, None)
         if mapping:
             expr = expr.xreplace(mapping)

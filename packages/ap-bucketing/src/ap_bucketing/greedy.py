@@ -53,15 +53,17 @@ def _candidates(
     graph: fx.Graph,
     filter_node: Callable[[fx.Node], bool],
     filter_wait_node: Callable[[fx.Node], bool] | None,
-) -> tuple[dict[fx.Node, int], list[fx.Node]]:
-    """Rank snapshot of every node, and the eligible collectives in wait order (deduplicated:
-    a collective with two waits is considered once)."""
+) -> tuple[dict[fx.Node, int], list[fx.Node], list[fx.Node]]:
+    """Rank snapshot of every node, the nodes in rank order, and the eligible collectives in
+    wait order (deduplicated: a collective with two waits is considered once)."""
     wait = _compat.wait_tensor_op()
     ranks: dict[fx.Node, int] = {}
+    order: list[fx.Node] = []
     ordered: list[fx.Node] = []
     seen: set[fx.Node] = set()
     for index, node in enumerate(graph.nodes):
         ranks[node] = index
+        order.append(node)
         if node.op != "call_function" or node.target is not wait or not node.args:
             continue
         coll = node.args[0]
@@ -71,7 +73,19 @@ def _candidates(
             continue
         seen.add(coll)
         ordered.append(coll)
-    return ranks, ordered
+    return ranks, order, ordered
+
+
+def _key_of(key_fn: Callable[[fx.Node], Any], coll: fx.Node) -> Hashable:
+    try:
+        key: Hashable = key_fn(coll)
+        hash(key)
+    except Exception as exc:
+        raise ValueError(
+            f"group key {getattr(key_fn, '__name__', key_fn)!r} failed on collective "
+            f"{coll.name!r} (args={coll.args!r}): {type(exc).__name__}: {exc}"
+        ) from exc
+    return key
 
 
 def _group(
@@ -82,12 +96,12 @@ def _group(
     if non_adjacent:
         by_key: dict[Hashable, list[fx.Node]] = {}
         for coll in ordered:
-            by_key.setdefault(key_fn(coll), []).append(coll)
+            by_key.setdefault(_key_of(key_fn, coll), []).append(coll)
         return list(by_key.values())
     runs: list[list[fx.Node]] = []
     last_key: object = object()
     for coll in ordered:
-        key = key_fn(coll)
+        key = _key_of(key_fn, coll)
         if runs and key == last_key:
             runs[-1].append(coll)
         else:
@@ -99,12 +113,13 @@ def _group(
 def _bucket_one_group(
     members: list[fx.Node],
     ranks: dict[fx.Node, int],
+    order: list[fx.Node],
     cap_mb: Callable[[int], float],
     max_topo_span: int | None,
     tally: _Tally,
 ) -> None:
     """Greedy pass over one key's collectives (in wait order), appending buckets to ``tally``."""
-    reach = BucketReach(ranks)
+    reach = BucketReach(ranks, order)
     bucket: list[fx.Node] = []
     bucket_bytes = 0
     low = high = 0
@@ -184,14 +199,14 @@ def bucket_collectives(
     if not isinstance(cfg, BucketingConfig):
         raise ValueError(f"config must be a BucketingConfig, got {type(cfg).__name__}")
     start = time.perf_counter()
-    ranks, ordered = _candidates(gm.graph, filter_node, filter_wait_node)
+    ranks, order, ordered = _candidates(gm.graph, filter_node, filter_wait_node)
     groups = _group(ordered, group_key, cfg.non_adjacent)
     fixed_cap = cfg.bucket_cap_mb
     cap_mb: Callable[[int], float] = cap_fn if fixed_cap is None else (lambda _i: fixed_cap)
     tally = _Tally()
     for members in groups:
         if len(members) > 1:
-            _bucket_one_group(members, ranks, cap_mb, cfg.max_topo_span, tally)
+            _bucket_one_group(members, ranks, order, cap_mb, cfg.max_topo_span, tally)
     stats = BucketingStats(
         candidates=len(ordered),
         keys=len(groups),

@@ -1,0 +1,137 @@
+"""Synthetic collective graphs for tests and benchmarks (no process group, never executed).
+
+Builds FX graphs with the exact shape torch's bucketing predicates expect: functional
+``_c10d_functional`` collectives with positional ``group_size``/``group_name`` arguments, a
+``wait_tensor`` per collective, and ``meta['val']`` tensors on the meta device.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+_c10d = torch.ops._c10d_functional
+_aten = torch.ops.aten
+
+
+class GraphBuilder:
+    """Append-only builder of a synthetic collective graph."""
+
+    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.graph = fx.Graph()
+        self.dtype = dtype
+        self._count = 0
+
+    def _name(self, prefix: str) -> str:
+        self._count += 1
+        return f"{prefix}{self._count}"
+
+    def _val(self, shape: Sequence[int], dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype or self.dtype, device="meta")
+
+    def placeholder(self, shape: Sequence[int], dtype: torch.dtype | None = None) -> fx.Node:
+        node = self.graph.placeholder(self._name("p"))
+        node.meta["val"] = self._val(shape, dtype)
+        return node
+
+    def _call(self, target: object, args: tuple[object, ...], val: torch.Tensor) -> fx.Node:
+        node = self.graph.call_function(target, args)  # type: ignore[arg-type]
+        node.meta["val"] = val
+        return node
+
+    def all_gather(
+        self, x: fx.Node, group: str = "dp", group_size: int = 8
+    ) -> tuple[fx.Node, fx.Node]:
+        """``all_gather_into_tensor(x, group_size, group)`` and its wait."""
+        shape = list(x.meta["val"].shape)
+        shape[0] *= group_size
+        val = self._val(shape, x.meta["val"].dtype)
+        ag = self._call(_c10d.all_gather_into_tensor.default, (x, group_size, group), val)
+        return ag, self._call(_c10d.wait_tensor.default, (ag,), val)
+
+    def reduce_scatter(
+        self, x: fx.Node, group: str = "dp", group_size: int = 8
+    ) -> tuple[fx.Node, fx.Node]:
+        """``reduce_scatter_tensor(x, "sum", group_size, group)`` and its wait."""
+        shape = list(x.meta["val"].shape)
+        shape[0] //= group_size
+        val = self._val(shape, x.meta["val"].dtype)
+        rs = self._call(_c10d.reduce_scatter_tensor.default, (x, "sum", group_size, group), val)
+        return rs, self._call(_c10d.wait_tensor.default, (rs,), val)
+
+    def all_reduce(self, x: fx.Node, group: str = "dp") -> tuple[fx.Node, fx.Node]:
+        val = self._val(x.meta["val"].shape, x.meta["val"].dtype)
+        ar = self._call(_c10d.all_reduce.default, (x, "sum", group), val)
+        return ar, self._call(_c10d.wait_tensor.default, (ar,), val)
+
+    def relu(self, x: fx.Node) -> fx.Node:
+        return self._call(_aten.relu.default, (x,), self._val(x.meta["val"].shape))
+
+    def add(self, x: fx.Node, y: fx.Node) -> fx.Node:
+        return self._call(_aten.add.Tensor, (x, y), self._val(x.meta["val"].shape))
+
+    def mm(self, x: fx.Node, w: fx.Node) -> fx.Node:
+        m = x.meta["val"].shape[0]
+        n = w.meta["val"].shape[1]
+        return self._call(_aten.mm.default, (x, w), self._val((m, n)))
+
+    def module(self, outputs: Sequence[fx.Node]) -> fx.GraphModule:
+        self.graph.output(tuple(outputs))
+        return fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def interleaved_fsdp_graph(
+    num_nodes: int,
+    groups: Sequence[str] = ("dp", "tp"),
+    compute_per_layer: int = 12,
+    shard_rows: int = 64,
+    width: int = 64,
+    seed: int = 0,
+) -> fx.GraphModule:
+    """A forward-like graph of ~``num_nodes`` nodes: per layer, one FSDP all-gather per group
+    (parameter placeholder -> all-gather -> wait; waits of different groups interleave), then a
+    matmul/relu chain consuming the gathered weights. Upstream's adjacency-based bucketing forms
+    no bucket on it; key-grouped bucketing does."""
+    rng = random.Random(seed)
+    b = GraphBuilder()
+    x = b.placeholder((32, width))
+    outputs: list[fx.Node] = []
+    while len(b.graph.nodes) < num_nodes:
+        gathered: list[fx.Node] = []
+        for group in groups:
+            param = b.placeholder((shard_rows, width))
+            _, wait = b.all_gather(param, group=group, group_size=8)
+            gathered.append(wait)
+        for i in range(compute_per_layer):
+            if i % 3 == 0:
+                w = gathered[rng.randrange(len(gathered))]
+                x = b.relu(b.mm(x, b._call(_aten.t.default, (w,), b._val((width, 8 * shard_rows)))))
+                x = b._call(
+                    _aten.slice.Tensor, (x, 1, 0, width), b._val((32, width))
+                )
+            else:
+                x = b.relu(x)
+        outputs.append(x)
+    return b.module([outputs[-1]])
+
+
+def all_gather_bucketing_args(
+    gm: fx.GraphModule, cap_mb: float = 10.0
+) -> tuple[
+    fx.GraphModule,
+    Callable[[int], float],
+    Callable[[fx.Node], bool],
+    Callable[[fx.Node], Any],
+]:
+    """``(gm, cap_fn, filter_node, group_key)`` exactly as torch's all-gather wrapper passes
+    them to the greedy bucketer (filter ``is_all_gather_into_tensor``, key ``_ag_group_key``)."""
+    from torch._inductor.fx_passes import bucketing
+
+    def cap_fn(_index: int) -> float:
+        return cap_mb
+
+    return gm, cap_fn, bucketing.is_all_gather_into_tensor, bucketing._ag_group_key
