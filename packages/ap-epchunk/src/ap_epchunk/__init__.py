@@ -1,5 +1,31 @@
-"""Expert-parallel chunking of module regions and chunk-symbol concretization."""
+"""Expert-parallel chunking of module regions and chunk-symbol concretization.
+
+``chunk_pass(gm, ChunkConfig(...))`` splits the forward and backward regions of selected modules
+of a joint graph into N chunks along the token dim; ``concretize_chunk_symbols(gm)`` then
+replaces the chunk symbols by their hints before codegen. ``EagerChunked`` is the eager
+numerical reference; ``trace_joint`` traces a training step into a joint graph with the
+metadata the pass reads.
+"""
+
+from .concretize import concretize_chunk_symbols
+from .config import ChunkConfig, ChunkReport, RegionSummary
+from .eager import EagerChunked
+from .errors import ChunkError
+from .marking import mark_chunk_dim
+from .passes import chunk_pass
+from .tracing import trace_joint
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "ChunkConfig",
+    "ChunkError",
+    "ChunkReport",
+    "EagerChunked",
+    "RegionSummary",
+    "__version__",
+    "chunk_pass",
+    "concretize_chunk_symbols",
+    "mark_chunk_dim",
+    "trace_joint",
+]

@@ -1,0 +1,294 @@
+"""Deciding everything before the graph is touched.
+
+The planner walks the regions in graph order and decides, for each one:
+
+* its **body**: candidates influenced by the chunk dim (through a live-in carrying it, a chunked
+  value of an earlier region routed here, or a scalar live-in mentioning the chunk symbol).
+  Candidates that only see parameters (transposes, casts, all-gathers of weights) are left out
+  of the body and therefore shared by every chunk;
+* its **live-ins**: *split* (a tensor carrying the chunk dim, split once for the whole graph),
+  *routed* (a chunked value of an earlier region: its chunk ``i`` feeds chunk ``i`` directly, so
+  adjacent chunked regions never cat-then-split), *scalar* (a SymInt mentioning the chunk
+  symbol, divided by N per chunk) or shared;
+* **mutation chains**: a body op that mutates a shared value (a buffer) runs chunk after chunk,
+  each copy mutating the result of the previous one;
+* its **live-outs** with users outside the chunked world, and how each is made full again:
+  ``cat`` along the chunk dim, ``sum`` of backward partials (parameter gradients), ``ssum`` of
+  symbolic sizes (``operator.add``, so it stays an int), ``last`` for a mutation chain, ``same``
+  for a value that does not depend on the chunk. Anything else is refused.
+
+Every refusal raises ``ChunkError`` here, before any mutation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from .errors import ChunkError
+from .regions import Region
+from .shapes import MULTI, ChunkShapes, Unknown
+
+aten = torch.ops.aten
+_c10d = getattr(torch.ops, "_c10d_functional", None)
+
+
+@dataclass(eq=False)
+class RegionPlan:
+    root: str
+    backward: bool
+    body: list[torch.fx.Node] = field(default_factory=list)
+    splits: list[torch.fx.Node] = field(default_factory=list)
+    routed: set[torch.fx.Node] = field(default_factory=set)
+    scalars: list[torch.fx.Node] = field(default_factory=list)
+    chains: dict[torch.fx.Node, int] = field(default_factory=dict)
+    materialize: list[Materialize] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Materialize:
+    live_out: torch.fx.Node
+    kind: str  # "cat" | "sum" | "ssum" | "last" | "same"
+    dim: int | None
+    start: torch.fx.Node  # materialized value; == live_out unless accumulated early
+    chain: list[torch.fx.Node]  # nodes replayed once on the full value, ending at live_out
+    full_users: list[torch.fx.Node]
+
+
+@dataclass
+class Plan:
+    regions: list[RegionPlan]
+    owner: dict[torch.fx.Node, RegionPlan]
+    split_dim: dict[torch.fx.Node, int]
+    scalars: set[torch.fx.Node]
+
+
+def _name_list(nodes: list[torch.fx.Node], limit: int = 4) -> str:
+    names = [n.name for n in nodes[:limit]]
+    return ", ".join(names) + (", ..." if len(nodes) > limit else "")
+
+
+def _mutated_positions(node: torch.fx.Node) -> list[int]:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    return [
+        i
+        for i, arg in enumerate(schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write and not arg.kwarg_only
+    ]
+
+
+def is_mutating(node: torch.fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def _routable(value: torch.fx.Node, src: RegionPlan, dst: RegionPlan, shapes: ChunkShapes) -> bool:
+    """Chunk ``i`` of ``value`` (computed in ``src``) may feed chunk ``i`` of ``dst``."""
+    if value in src.chains:
+        return False  # a mutated buffer is only complete after the last chunk
+    if isinstance(shapes.dim(value), int):
+        return True
+    return src.root == dst.root and not src.backward and dst.backward
+
+
+def _plan_body(
+    region: Region, plan: Plan, shapes: ChunkShapes
+) -> RegionPlan:
+    rp = RegionPlan(region.root, region.backward)
+    body: set[torch.fx.Node] = set()
+    for node in region.candidates:
+        influenced = False
+        for inp in node.all_input_nodes:
+            if inp in body or inp in plan.split_dim or inp in plan.scalars:
+                influenced = True
+            elif inp in plan.owner:
+                if _routable(inp, plan.owner[inp], rp, shapes):
+                    rp.routed.add(inp)
+                    influenced = True
+            elif shapes.scalar_carries_chunk(inp):
+                plan.scalars.add(inp)
+                rp.scalars.append(inp)
+                influenced = True
+            else:
+                d = shapes.dim(inp)
+                if isinstance(d, int):
+                    plan.split_dim[inp] = d
+                    rp.splits.append(inp)
+                    influenced = True
+                elif d is MULTI:
+                    raise ChunkError(
+                        f"live-in {inp.name!r} of region {region.root!r} carries the chunk dim in "
+                        "more than one dim; chunking it would mix tokens of different chunks",
+                        node,
+                    )
+                elif isinstance(d, Unknown):
+                    raise ChunkError(
+                        f"cannot tell where live-in {inp.name!r} of region {region.root!r} carries "
+                        f"the chunk dim ({d.reason})",
+                        node,
+                    )
+        if influenced:
+            _check_body_node(node, region.root, shapes)
+            body.add(node)
+            rp.body.append(node)
+            plan.owner[node] = rp
+    for node in rp.body:
+        shared = [
+            i for i in _mutated_positions(node)
+            if i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
+            and node.args[i] not in body and node.args[i] not in plan.split_dim
+            and node.args[i] not in rp.routed
+        ]
+        if len(shared) > 1:
+            raise ChunkError("chunked op mutates more than one shared input", node)
+        if shared:
+            rp.chains[node] = shared[0]
+    return rp
+
+
+def _check_body_node(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> None:
+    d = shapes.dim(node)
+    if d is MULTI:
+        raise ChunkError(
+            f"sequence chunking across attention is not supported: in region {root!r} this "
+            "value carries the chunk dim in more than one dim, so its chunks would need tokens "
+            "of other chunks (full K/V)",
+            node,
+        )
+    if isinstance(d, Unknown):
+        raise ChunkError(f"cannot compute a chunk of this op in region {root!r}: {d.reason}", node)
+    if node.meta.get("unbacked_bindings"):
+        raise ChunkError(
+            f"data-dependent op (it binds unbacked symbols) inside chunked region {root!r}", node
+        )
+
+
+_SUM_TRANSPARENT: set[Any] = {
+    aten.t.default, aten.transpose.int, aten.permute.default, aten.view.default,
+    aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.unsqueeze.default,
+    aten.alias.default, aten.clone.default, aten.detach.default,
+}
+_CAT_TRANSPARENT: set[Any] = {
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default,
+    aten.clone.default, aten.detach.default,
+}
+_CAT_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+if _c10d is not None:
+    for _name in ("all_reduce", "wait_tensor"):
+        _op = getattr(_c10d, _name, None)
+        if _op is not None:
+            _SUM_TRANSPARENT.add(_op.default)
+            _CAT_TRANSPARENT.add(_op.default)
+    if hasattr(_c10d, "reduce_scatter_tensor"):
+        _SUM_TRANSPARENT.add(_c10d.reduce_scatter_tensor.default)
+
+
+def _early_chain(
+    live_out: torch.fx.Node, kind: str, rp: RegionPlan, plan: Plan, shapes: ChunkShapes
+) -> list[torch.fx.Node]:
+    """[start, ..., live_out]: the single-input suffix to replay once on the full value."""
+    chain = [live_out]
+    p = live_out
+    transparent = _SUM_TRANSPARENT if kind == "sum" else _CAT_TRANSPARENT
+    while p.target in transparent and p.args and isinstance(p.args[0], torch.fx.Node):
+        q = p.args[0]
+        if plan.owner.get(q) is not rp or len(q.users) != 1 or q in rp.chains:
+            break
+        others = [a for a in p.all_input_nodes if a is not q]
+        if any(a in plan.owner or a in plan.split_dim or a in plan.scalars for a in others):
+            break
+        if kind == "sum":
+            if shapes.dim(q) is not None:
+                break
+        else:
+            dq, dp = shapes.dim(q), shapes.dim(p)
+            if not isinstance(dq, int) or not isinstance(dp, int):
+                break
+            if p.target in _CAT_VIEWS and not dq == dp == 0:
+                break
+            if p.target not in _CAT_VIEWS and dq != dp:
+                break
+        chain.insert(0, q)
+        p = q
+    return chain
+
+
+def _is_linear_in_chunk_symbol(val: Any, hints: dict[sympy.Symbol, int]) -> bool:
+    if not isinstance(val, torch.SymInt):
+        return False
+    expr = val.node.expr
+    syms = expr.free_symbols & hints.keys()
+    if len(syms) != 1 or expr.free_symbols - syms:
+        return False
+    (s,) = syms
+    return bool(expr.subs(s, 0) == 0 and sympy.diff(expr, s).is_number)
+
+
+def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool) -> None:
+    for node in rp.body:
+        users = list(node.users)
+        full = [
+            u for u in users
+            if not (plan.owner.get(u) is rp or (u in plan.owner and node in plan.owner[u].routed))
+        ]
+        if not full:
+            continue
+        val = node.meta.get("val")
+        d = shapes.dim(node)
+        if node in rp.chains:
+            kind = "last"
+        elif isinstance(d, int):
+            kind = "cat"
+        elif isinstance(val, torch.Tensor):
+            if not rp.backward or not (val.dtype.is_floating_point or val.dtype.is_complex):
+                raise ChunkError(
+                    f"value without the chunk dim escapes region {rp.root!r} to full users "
+                    f"({_name_list(full)}); only backward parameter-gradient partials can be "
+                    "summed, forward values must carry the chunk dim",
+                    node,
+                )
+            kind = "sum"
+        elif isinstance(val, (int, torch.SymInt)) and not shapes.scalar_carries_chunk(node):
+            kind = "same"
+        elif _is_linear_in_chunk_symbol(val, shapes.symbol_hints()):
+            kind = "ssum"
+        else:
+            raise ChunkError(
+                f"cannot rebuild the full value of this region-{rp.root!r} live-out from its "
+                f"chunks for full users ({_name_list(full)})",
+                node,
+            )
+        chain = [node]
+        if early and rp.backward and kind in ("cat", "sum") and len(full) == len(users):
+            chain = _early_chain(node, kind, rp, plan, shapes)
+        start = chain[0]
+        dim = shapes.dim(start) if kind == "cat" else None
+        rp.materialize.append(
+            Materialize(node, kind, dim if isinstance(dim, int) else None, start, chain[1:], full)
+        )
+
+
+def make_plan(
+    regions: list[Region], shapes: ChunkShapes, early_grad_accumulation: bool
+) -> Plan:
+    plan = Plan([], {}, {}, set())
+    for region in regions:
+        rp = _plan_body(region, plan, shapes)
+        if rp.body:
+            plan.regions.append(rp)
+    if not plan.regions:
+        raise ChunkError(
+            "the matched regions contain no node influenced by the chunk dimension: "
+            + ", ".join(sorted({f"{r.root} ({'bw' if r.backward else 'fw'})" for r in regions}))
+        )
+    for rp in plan.regions:
+        _plan_live_outs(rp, plan, shapes, early_grad_accumulation)
+    return plan
+
+

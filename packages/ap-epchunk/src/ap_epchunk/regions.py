@@ -1,0 +1,113 @@
+"""Which nodes belong to which module region, and in which direction.
+
+A node's module FQN comes from ``custom["module_fqn"]`` (ap-tags' ``annotate_module_fqns``);
+when absent, a backward node borrows the FQN of the forward node with the same ``seq_nr``
+(AOTAutograd and :func:`ap_epchunk.trace_joint` stamp the forward op's ``seq_nr`` on the
+backward ops that differentiate it); the last fallback is the innermost ``nn_module_stack``
+entry. A region is every ``call_function`` node of one direction whose FQN equals a matched
+*root* or lies below it; the root is the FQN truncated to the pattern's length.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch.fx
+from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
+
+_BRACKET = re.compile(r"\[['\"]?([^\]'\"]+)['\"]?\]")
+
+
+@dataclass(frozen=True)
+class Region:
+    """Candidate nodes (graph order) of one root in one direction."""
+
+    root: str
+    backward: bool
+    candidates: tuple[torch.fx.Node, ...]
+
+
+def is_backward(node: torch.fx.Node) -> bool:
+    return bool(node.meta.get("autograd_backward", False))
+
+
+def _stack_fqn(node: torch.fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    if not isinstance(path, str):
+        return None
+    path = _BRACKET.sub(r".\1", path)
+    for prefix in ("L.self.", "L['self'].", "self."):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+    return path.strip(".") or None
+
+
+def _custom_fqn(node: torch.fx.Node) -> str | None:
+    custom = node.meta.get(CUSTOM)
+    if isinstance(custom, dict):
+        fqn = custom.get(MODULE_FQN)
+        if isinstance(fqn, str) and fqn:
+            return fqn
+    return None
+
+
+def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
+    """The module FQN of every node that has one (see the module docstring for the order)."""
+    fqns: dict[torch.fx.Node, str] = {}
+    by_seq: dict[int, str] = {}
+    for node in graph.nodes:
+        fqn = _custom_fqn(node)
+        if fqn is None and not is_backward(node):
+            fqn = _stack_fqn(node)
+        if fqn is not None:
+            fqns[node] = fqn
+            seq = node.meta.get("seq_nr")
+            if not is_backward(node) and isinstance(seq, int) and seq >= 0:
+                by_seq.setdefault(seq, fqn)
+    for node in graph.nodes:
+        if node in fqns or not is_backward(node):
+            continue
+        seq = node.meta.get("seq_nr")
+        fqn = by_seq.get(seq) if isinstance(seq, int) else None
+        if fqn is None:
+            fqn = _stack_fqn(node)
+        if fqn is not None:
+            fqns[node] = fqn
+    return fqns
+
+
+def root_of(fqn: str, patterns: Iterable[str]) -> str | None:
+    """The prefix of ``fqn`` matched by the first pattern that matches one, else None."""
+    parts = fqn.split(".")
+    for pattern in patterns:
+        k = len(pattern.split("."))
+        if len(parts) >= k:
+            root = ".".join(parts[:k])
+            if fnmatch.fnmatchcase(root, pattern):
+                return root
+    return None
+
+
+def already_chunked(node: torch.fx.Node) -> bool:
+    custom = node.meta.get(CUSTOM)
+    return isinstance(custom, dict) and (CHUNK_INDEX in custom or CHUNK_GLUE in custom)
+
+
+def find_regions(
+    graph: torch.fx.Graph, patterns: tuple[str, ...], fqns: dict[torch.fx.Node, str]
+) -> list[Region]:
+    """Regions in the order of their first node (forward regions precede their backward)."""
+    members: dict[tuple[str, bool], list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node not in fqns or already_chunked(node):
+            continue
+        root = root_of(fqns[node], patterns)
+        if root is not None:
+            members.setdefault((root, is_backward(node)), []).append(node)
+    return [Region(root, bw, tuple(nodes)) for (root, bw), nodes in members.items()]

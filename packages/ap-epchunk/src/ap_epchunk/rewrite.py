@@ -1,0 +1,245 @@
+"""Carrying out a :class:`~ap_epchunk.plan.Plan` on a graph.
+
+For every region, in graph order, each body node is rewritten *in place* as chunk 0 (renamed
+``<orig>_chunk0``) and copied for chunks 1..N-1 right after it (``<orig>_chunk<i>``), so the
+graph stays topologically valid without any reordering; a scheduler may reorder later.
+Live-ins are split just before their first chunked user; escaping values are materialized just
+after their last chunk copy, and their full users are rewired to the materialized node.
+Copies left without users (e.g. the per-chunk suffix an early accumulation replaced) are erased.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CHUNK_REGION, CUSTOM, MODULE_FQN
+
+from .config import ChunkReport, RegionSummary
+from .plan import Materialize, Plan, RegionPlan, is_mutating
+from .shapes import ChunkShapes, SymbolicShapes
+from .symbols import subst_scalar, subst_value
+
+aten = torch.ops.aten
+
+#: Order in which parameter-gradient partials are added: last chunk first, as autograd
+#: accumulates them (the backward of the last forward chunk runs first), so the sum is bitwise
+#: equal to eager chunking.
+def sum_order(num_chunks: int) -> list[int]:
+    return list(reversed(range(num_chunks)))
+
+
+class _Rewriter:
+    def __init__(
+        self, graph: torch.fx.Graph, plan: Plan, shapes: ChunkShapes,
+        fqns: dict[torch.fx.Node, str], report: ChunkReport,
+    ) -> None:
+        self.graph = graph
+        self.plan = plan
+        self.shapes = shapes
+        self.fqns = fqns
+        self.report = report
+        self.n = shapes.num_chunks
+        self.copies: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        self.pieces: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        self.per_chunk_scalar: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.full: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.orig: dict[torch.fx.Node, tuple[Any, Any, dict[str, Any], str]] = {}
+        self.created: list[torch.fx.Node] = []
+
+    # ------------------------------------------------------------------ metadata helpers
+    def _glue_meta(self, rp: RegionPlan, val: Any, index: int | None = None) -> dict[str, Any]:
+        custom: dict[str, Any] = {MODULE_FQN: rp.root, CHUNK_GLUE: True, CHUNK_REGION: rp.root}
+        if index is not None:
+            custom[CHUNK_INDEX] = index
+        meta: dict[str, Any] = {CUSTOM: custom, "val": val}
+        stack = rp.body[0].meta.get("nn_module_stack") if rp.body else None
+        if stack is not None:
+            meta["nn_module_stack"] = stack
+        if rp.backward:
+            meta["autograd_backward"] = True
+        return meta
+
+    def _glue(
+        self, rp: RegionPlan, target: Any, args: tuple[Any, ...], val: Any,
+        name: str | None = None, index: int | None = None,
+    ) -> torch.fx.Node:
+        node = self.graph.call_function(target, args)
+        if name is not None:
+            node._rename(name)
+        node.meta = self._glue_meta(rp, val, index)
+        self.created.append(node)
+        return node
+
+    def _copy_meta(self, node: torch.fx.Node, rp: RegionPlan, index: int) -> dict[str, Any]:
+        meta = dict(self.orig[node][2])
+        custom = dict(meta.get(CUSTOM) or {})
+        custom.setdefault(MODULE_FQN, self.fqns.get(node, rp.root))
+        custom[CHUNK_INDEX] = index
+        custom[CHUNK_REGION] = rp.root
+        meta[CUSTOM] = custom
+        meta["val"] = self.chunk_vals[node]
+        meta.pop("tensor_meta", None)
+        if rp.backward:
+            meta["autograd_backward"] = True
+        return meta
+
+    # ------------------------------------------------------------------ live-ins
+    def _piece_val(self, live_in: torch.fx.Node) -> Any:
+        if isinstance(self.shapes, SymbolicShapes):
+            return subst_value(live_in.meta.get("val"), self.shapes.mapping)
+        return self.shapes.chunk_val(live_in)
+
+    def _split(self, live_in: torch.fx.Node, rp: RegionPlan) -> None:
+        d = self.plan.split_dim[live_in]
+        val = live_in.meta["val"]
+        piece = self._piece_val(live_in)
+        size: Any
+        if isinstance(val.shape[d], torch.SymInt):
+            sz = self._glue(rp, aten.sym_size.int, (live_in, d), val.shape[d])
+            size = self._glue(rp, operator.floordiv, (sz, self.n), piece.shape[d])
+        else:
+            size = int(val.shape[d]) // self.n
+        split = self._glue(
+            rp, aten.split_with_sizes.default, (live_in, [size] * self.n, d), [piece] * self.n
+        )
+        self.pieces[live_in] = [
+            self._glue(rp, operator.getitem, (split, i), piece, f"{live_in.name}_chunk{i}", i)
+            for i in range(self.n)
+        ]
+        self.report.split_live_ins.append(live_in.name)
+
+    def _scalar(self, live_in: torch.fx.Node, rp: RegionPlan) -> None:
+        assert isinstance(self.shapes, SymbolicShapes)
+        val = subst_scalar(live_in.meta["val"], self.shapes.mapping)
+        self.per_chunk_scalar[live_in] = self._glue(
+            rp, operator.floordiv, (live_in, self.n), val, f"{live_in.name}_per_chunk"
+        )
+
+    # ------------------------------------------------------------------ body
+    def _mapper(self, rp: RegionPlan, i: int) -> Any:
+        def one(a: torch.fx.Node) -> torch.fx.Node:
+            if a in self.copies and (self.plan.owner[a] is rp or a in rp.routed):
+                return self.copies[a][i]
+            if a in self.full:
+                return self.full[a]
+            if a in self.pieces:
+                return self.pieces[a][i]
+            if a in self.per_chunk_scalar:
+                return self.per_chunk_scalar[a]
+            return a
+
+        return one
+
+    def _body_node(self, node: torch.fx.Node, rp: RegionPlan) -> None:
+        args, kwargs = self.shapes.chunk_args(node)
+        self.orig[node] = (node.args, node.kwargs, dict(node.meta), node.name)
+        for inp in node.all_input_nodes:
+            with self.graph.inserting_before(node):
+                if inp in self.plan.split_dim and inp not in self.pieces:
+                    self._split(inp, rp)
+                if inp in self.plan.scalars and inp not in self.per_chunk_scalar:
+                    self._scalar(inp, rp)
+        chain_pos = rp.chains.get(node)
+        copies: list[torch.fx.Node] = []
+        prev = node
+        for i in range(self.n):
+            new_args, new_kwargs = torch.fx.node.map_arg((args, kwargs), self._mapper(rp, i))
+            if chain_pos is not None and i > 0:
+                new_args = (*new_args[:chain_pos], copies[i - 1], *new_args[chain_pos + 1:])
+            if i == 0:
+                node.args, node.kwargs = new_args, new_kwargs
+                node._rename(f"{self.orig[node][3]}_chunk0")
+                node.meta = self._copy_meta(node, rp, 0)
+                copy = node
+            else:
+                with self.graph.inserting_after(prev):
+                    copy = self.graph.create_node(
+                        "call_function", node.target, new_args, new_kwargs,
+                        name=f"{self.orig[node][3]}_chunk{i}", type_expr=node.type,
+                    )
+                copy.meta = self._copy_meta(node, rp, i)
+                self.created.append(copy)
+            copies.append(copy)
+            prev = copy
+        self.copies[node] = copies
+
+    # ------------------------------------------------------------------ live-outs
+    def _materialize(self, m: Materialize, rp: RegionPlan) -> None:
+        parts = self.copies[m.start]
+        orig_val = self.orig[m.start][2].get("val")
+        base = self.orig[m.start][3]
+        full: torch.fx.Node
+        with self.graph.inserting_before(parts[-1].next):
+            if m.kind == "cat":
+                full = self._glue(rp, aten.cat.default, (list(parts), m.dim), orig_val,
+                                  f"{base}_full")
+                self.report.concatenated.append(base)
+            elif m.kind in ("sum", "ssum"):
+                add = aten.add.Tensor if m.kind == "sum" else operator.add
+                order = sum_order(self.n)
+                acc = parts[order[0]]
+                for k, i in enumerate(order[1:], start=1):
+                    name = f"{base}_full" if k == self.n - 1 else f"{base}_sum{k}"
+                    acc = self._glue(rp, add, (acc, parts[i]), orig_val, name)
+                full = acc
+                self.report.summed.append(base)
+            elif m.kind == "last":
+                full = parts[-1]
+                self.report.mutation_chains.append(base)
+            else:  # "same": every chunk computes the full value
+                full = parts[0]
+        prev = full
+        for p in m.chain:
+            args, kwargs = self.orig[p][0], self.orig[p][1]
+            pred = args[0]
+            new_args = (prev, *args[1:])
+            assert isinstance(pred, torch.fx.Node)
+            new_kwargs = dict(kwargs)
+            with self.graph.inserting_after(self.copies[p][-1]):
+                replay = self.graph.call_function(p.target, new_args, new_kwargs)
+            replay._rename(f"{self.orig[p][3]}_full")
+            meta = dict(self.orig[p][2])
+            custom = dict(meta.get(CUSTOM) or {})
+            custom.update({CHUNK_GLUE: True, CHUNK_REGION: rp.root})
+            custom.setdefault(MODULE_FQN, self.fqns.get(p, rp.root))
+            meta[CUSTOM] = custom
+            meta.pop("tensor_meta", None)
+            replay.meta = meta
+            self.created.append(replay)
+            prev = replay
+        self.full[m.live_out] = prev
+        for user in m.full_users:
+            user.replace_input_with(m.live_out, prev)
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> None:
+        self.chunk_vals: dict[torch.fx.Node, Any] = {}
+        for rp in self.plan.regions:
+            for node in rp.body:
+                self.chunk_vals[node] = self.shapes.chunk_val(node)
+        for rp in self.plan.regions:
+            for node in rp.body:
+                self._body_node(node, rp)
+            for m in rp.materialize:
+                self._materialize(m, rp)
+            self.report.routed_live_ins += len(rp.routed)
+            self.report.regions.append(RegionSummary(rp.root, rp.backward, len(rp.body)))
+        self._erase_dead()
+
+    def _erase_dead(self) -> None:
+        candidates = set(self.created)
+        for copies in self.copies.values():
+            candidates.update(copies)
+        for node in reversed(list(self.graph.nodes)):
+            if node in candidates and not node.users and not is_mutating(node):
+                self.graph.erase_node(node)
+
+
+def apply_plan(
+    graph: torch.fx.Graph, plan: Plan, shapes: ChunkShapes,
+    fqns: dict[torch.fx.Node, str], report: ChunkReport,
+) -> None:
+    _Rewriter(graph, plan, shapes, fqns, report).run()
