@@ -9,6 +9,7 @@ annotation, and the staged activation-checkpointing joint pass.
 from __future__ import annotations
 
 from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
+from .ac_stages import AcJointPass, AcStageReport, ac_joint_pass, mark_ac_stages
 from .accessors import (
     ac_graph_id,
     custom_meta,
@@ -54,6 +55,8 @@ __all__ = [
     "PROJECT_CUSTOM_KEYS",
     "RECOMPUTE",
     "SUPPORTED_TORCH",
+    "AcJointPass",
+    "AcStageReport",
     "FsdpChain",
     "FsdpTagReport",
     "InterpretedGraph",
@@ -62,9 +65,11 @@ __all__ = [
     "UnsupportedTorchError",
     "__version__",
     "ac_graph_id",
+    "ac_joint_pass",
     "annotate_module_fqns",
     "custom_meta",
     "infer_num_fwd_outputs",
+    "mark_ac_stages",
     "is_must_save",
     "mark_fsdp_all_gather_recomputation",
     "mark_must_save",

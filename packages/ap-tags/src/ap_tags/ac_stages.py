@@ -1,0 +1,273 @@
+"""Staged activation checkpointing for a joint graph: recompute by default, save at stage cuts.
+
+Every forward value the backward needs is tagged ``PREFER_RECOMPUTE``; the forward is then cut
+into stages of roughly ``stage_size_gib`` of activations, and at one point inside each stage
+(the point where the fewest bytes are alive) the live values are tagged ``MUST_SAVE``. The
+backward thus recomputes at most one stage from its saved frontier, trading
+``O(sqrt(total))`` saved memory for about one extra forward ("auto" picks sqrt(total GiB) GiB).
+
+Tags written here carry ``ac_graph_id=FSDP_AC_GRAPH_ID``. Anything that already had a
+``recompute`` tag from another id is a user annotation (torch SAC) and is never overwritten.
+Collectives (``_c10d_functional``) are not tagged: a recompute tag would let the partitioner
+re-issue communication in the backward (torch's ``must_recompute`` treats PREFER like MUST, and
+``force_save_collectives`` skips nodes that carry it). FSDP chains are ``MUST_RECOMPUTE`` already
+(``mark_fsdp_all_gather_recomputation``) and are neither counted nor saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.fx
+
+from ._compat import checkpoint_policy
+from .accessors import ac_graph_id, recompute_policy, set_recompute
+from .keys import FSDP_AC_GRAPH_ID
+
+log = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+_BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
+
+StageSize = float | Literal["auto"]
+
+
+@dataclass(frozen=True)
+class AcStageReport:
+    """What ``mark_ac_stages`` decided (node names in graph order)."""
+
+    stage_size_bytes: int
+    total_bytes: int
+    stages: int
+    prefer_recompute: tuple[str, ...]
+    must_save: tuple[str, ...]
+    user_annotated: tuple[str, ...]
+
+
+def _check_stage_size(stage_size_gib: object) -> StageSize:
+    if stage_size_gib == "auto":
+        return "auto"
+    if (
+        isinstance(stage_size_gib, bool)
+        or not isinstance(stage_size_gib, int | float)
+        or not math.isfinite(stage_size_gib)
+        or stage_size_gib <= 0
+    ):
+        raise ValueError(
+            f"stage_size_gib must be 'auto' or a positive finite number, got {stage_size_gib!r}"
+        )
+    return float(stage_size_gib)
+
+
+def _hint(value: object) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        return int(optimization_hint(value, fallback=0))
+    return 0
+
+
+def value_bytes(node: torch.fx.Node) -> int:
+    """Bytes of the tensor ``node`` produces (0 for tuples, symbols and non-tensors: a tuple's
+    tensors are counted on its getitems)."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return 0
+    return _hint(val.numel()) * val.element_size()
+
+
+def backward_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Tangent placeholders, backward-tagged nodes, and everything computed from them."""
+    seeds = [
+        n
+        for n in graph.nodes
+        if (n.op == "placeholder" and "tangents" in str(n.target))
+        or n.meta.get("partitioner_tag") in _BACKWARD_TAGS
+        or n.meta.get("autograd_backward", False)
+    ]
+    seen: set[torch.fx.Node] = set()
+    stack = list(seeds)
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op == "output":
+            continue
+        seen.add(n)
+        stack.extend(n.users)
+    return seen
+
+
+def _ancestors(nodes: Iterable[torch.fx.Node]) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    stack = [i for n in nodes for i in n.all_input_nodes]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def recomputable_forward_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Forward ``call_function`` nodes whose value the backward needs, directly or transitively."""
+    bw = backward_nodes(graph)
+    needed = _ancestors(bw)
+    return [n for n in graph.nodes if n.op == "call_function" and n not in bw and n in needed]
+
+
+def _is_collective(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.namespace == "_c10d_functional"
+
+
+def _stage_cuts(sizes: list[int], stage_bytes: int) -> list[tuple[int, int]]:
+    """Split positions ``0..len(sizes)`` into consecutive ``[start, end)`` stages by bytes."""
+    cuts: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc >= stage_bytes:
+            cuts.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(sizes) and acc > 0:
+        cuts.append((start, len(sizes)))
+    return cuts
+
+
+def mark_ac_stages(
+    graph: torch.fx.Graph | torch.fx.GraphModule, *, stage_size_gib: StageSize = "auto"
+) -> AcStageReport:
+    """Tag a joint graph for staged recomputation (see the module docstring). Returns a report.
+
+    Refuses (ValueError / TagError) before writing anything when ``stage_size_gib`` is invalid
+    or an existing ``recompute``/``ac_graph_id`` tag is malformed.
+    """
+    size_opt = _check_stage_size(stage_size_gib)
+    g = graph.graph if isinstance(graph, torch.fx.GraphModule) else graph
+    policy = checkpoint_policy()
+    order = {n: i for i, n in enumerate(g.nodes)}
+    candidates = recomputable_forward_nodes(g)
+    existing = {n: (recompute_policy(n), ac_graph_id(n)) for n in candidates}  # validates
+
+    def is_user(n: torch.fx.Node) -> bool:
+        pol, gid = existing[n]
+        return pol is not None and gid != FSDP_AC_GRAPH_ID
+
+    to_prefer = [
+        n
+        for n in candidates
+        if existing[n][0] is None and n.target is not operator.getitem and not _is_collective(n)
+    ]
+    # Values the pass may save: everything but forced recomputes, user regions and collectives
+    # (torch pins the latter itself).
+    savable = [
+        n
+        for n in candidates
+        if existing[n][0] is not policy.MUST_RECOMPUTE and not is_user(n) and not _is_collective(n)
+    ]
+    sizes = [value_bytes(n) for n in savable]
+    total = sum(sizes)
+    if size_opt == "auto":
+        stage_bytes = max(1, int(math.sqrt(total / _GIB) * _GIB)) if total else 0
+    else:
+        stage_bytes = max(1, int(size_opt * _GIB))
+    cuts = _stage_cuts(sizes, stage_bytes) if total else []
+    to_save = _frontiers(savable, sizes, cuts, order, backward_nodes(g))
+
+    for n in to_prefer:
+        set_recompute(n, policy.PREFER_RECOMPUTE, FSDP_AC_GRAPH_ID)
+    for n in to_save:
+        set_recompute(n, policy.MUST_SAVE, FSDP_AC_GRAPH_ID)
+    report = AcStageReport(
+        stage_size_bytes=stage_bytes,
+        total_bytes=total,
+        stages=len(cuts),
+        prefer_recompute=tuple(n.name for n in to_prefer if n not in to_save),
+        must_save=tuple(n.name for n in sorted(to_save, key=order.__getitem__)),
+        user_annotated=tuple(n.name for n in candidates if is_user(n)),
+    )
+    log.info(
+        "AC stages: %d stages of %.3f GiB over %.3f GiB; %d recompute, %d saved",
+        report.stages,
+        stage_bytes / _GIB,
+        total / _GIB,
+        len(report.prefer_recompute),
+        len(report.must_save),
+    )
+    return report
+
+
+def _frontiers(
+    savable: list[torch.fx.Node],
+    sizes: list[int],
+    cuts: list[tuple[int, int]],
+    order: dict[torch.fx.Node, int],
+    backward: set[torch.fx.Node],
+) -> set[torch.fx.Node]:
+    """For each stage, the savable values alive at the stage's least-memory point.
+
+    A value is alive at forward position p when it is defined at or before p and a *forward*
+    node after p uses it: that set is exactly what resuming the forward from p needs, so saving
+    it lets the backward recompute everything after p from saved values alone. (Backward uses
+    do not keep a value alive here; recomputation serves them.)
+    """
+    if not cuts:
+        return set()
+
+    def last_forward_use(n: torch.fx.Node) -> int:
+        uses = [order[u] for u in n.users if u.op != "output" and u not in backward]
+        return max(uses, default=order[n])
+
+    intervals = [
+        (order[n], last_forward_use(n), size) for n, size in zip(savable, sizes, strict=True)
+    ]
+    positions = [order[n] for n in savable]
+    # alive bytes at each candidate position via a sweep over definition/last-use events
+    events: dict[int, int] = {}
+    for start, last, size in intervals:
+        if last > start and size:
+            events[start] = events.get(start, 0) + size
+            events[last] = events.get(last, 0) - size
+    alive_at: dict[int, int] = {}
+    running = 0
+    wanted = set(positions)
+    for pos in sorted(set(events) | wanted):
+        running += events.get(pos, 0)
+        if pos in wanted:
+            alive_at[pos] = running
+    chosen: set[torch.fx.Node] = set()
+    for start, end in cuts:
+        best = min(positions[start:end], key=lambda p: (alive_at[p], -p))
+        for n, (d, last, _) in zip(savable, intervals, strict=True):
+            if d <= best < last:
+                chosen.add(n)
+    return chosen
+
+
+class AcJointPass:
+    """``torch._functorch.config.joint_custom_pass`` callable running ``mark_ac_stages``.
+
+    Keeps the reports of every joint graph it saw in ``reports`` (one per compiled graph).
+    """
+
+    def __init__(self, stage_size_gib: StageSize = "auto") -> None:
+        self.stage_size_gib = _check_stage_size(stage_size_gib)
+        self.reports: list[AcStageReport] = []
+
+    def __call__(self, fx_g: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
+        self.reports.append(mark_ac_stages(fx_g, stage_size_gib=self.stage_size_gib))
+        return fx_g
+
+
+def ac_joint_pass(
+    stage_size_gib: StageSize = "auto",
+) -> Callable[[torch.fx.GraphModule, Any], torch.fx.GraphModule]:
+    """A joint pass for ``torch._functorch.config.patch(joint_custom_pass=...)``."""
+    return AcJointPass(stage_size_gib)
