@@ -115,3 +115,20 @@ def test_dynamo_and_aot_forward_and_backward_nodes() -> None:
     assert set(_fqns(graphs["bw"], aten.mm.default)) == {"layers.0.mlp.up", "layers.1.mlp.up"}
     dyn_relu = [n for n in graphs["dynamo"].graph.nodes if "relu" in n.name]
     assert [module_fqn(n) for n in dyn_relu] == ["layers.0.mlp", "layers.1.mlp"]
+
+
+def test_joint_export_backward_nodes_carry_forward_fqn() -> None:
+    import contextlib
+
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    model = Model()
+    with contextlib.ExitStack() as stack:
+        with annotate_module_fqns(model):
+            jd = aot_export_joint_with_descriptors(stack, model, (torch.randn(2, 8),))
+        nodes = list(jd.graph_module.graph.nodes)
+    bw = [n for n in nodes if n.meta.get("partitioner_tag") == "is_backward"]
+    thresholds = [n for n in bw if n.target is torch.ops.aten.threshold_backward.default]
+    assert [module_fqn(n) for n in thresholds] == ["layers.1.mlp", "layers.0.mlp"]
+    fw_relu = [n for n in nodes if n.target is torch.ops.aten.relu.default]
+    assert [module_fqn(n) for n in fw_relu] == ["layers.0.mlp", "layers.1.mlp"]
