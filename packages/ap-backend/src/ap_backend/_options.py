@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ap_bucketing import BucketingConfig
-from ap_epchunk import ChunkConfig
+import ap_epchunk
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 __all__ = ["BackendOptions", "PartitionerChoice", "validate_options"]
@@ -25,7 +25,7 @@ class BackendOptions:
     ac_stage_size_gib: float | Literal["auto"]
     overlap_scheduling: bool
     bucketing: BucketingConfig | None
-    ep_chunk: ChunkConfig | None
+    ep_chunk: ap_epchunk.ChunkConfig | None
     partitioner: PartitionerChoice
 
 
@@ -64,8 +64,8 @@ def _check_bucketing(value: object) -> BucketingConfig | None:
     )
 
 
-def _check_ep_chunk(value: object) -> ChunkConfig | None:
-    if value is None or isinstance(value, ChunkConfig):
+def _check_ep_chunk(value: object) -> ap_epchunk.ChunkConfig | None:
+    if value is None or isinstance(value, ap_epchunk.ChunkConfig):
         return value
     raise ValueError(
         f"autoparallel_backend: ep_chunk must be None or an ap_epchunk.ChunkConfig, got {value!r}"

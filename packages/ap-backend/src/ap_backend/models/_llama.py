@@ -107,7 +107,9 @@ class Attention(nn.Module):
         self.wv = ShardedLinear(cfg.dim, cfg.dim, sharding, gen)
         self.wo = ShardedLinear(cfg.dim, cfg.dim, sharding, gen)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` (matmul form only): a (seq, seq) bool causal mask, built once per model
+        forward so every layer shares one tensor (the partitions then agree on it)."""
         b, s, d = x.shape
         hd = d // self.n_heads
 
@@ -119,10 +121,16 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-            scores = scores.masked_fill(~mask, float("-inf"))
+            if mask is None:
+                mask = causal_mask(s, x.device)
+            scores = scores.masked_fill(mask, float("-inf"))
             o = scores.softmax(-1) @ v
         return self.wo(o.transpose(1, 2).reshape(b, s, d))
+
+
+def causal_mask(seq: int, device: torch.device) -> torch.Tensor:
+    """True above the diagonal: the positions a query may not attend to."""
+    return torch.ones(seq, seq, dtype=torch.bool, device=device).triu(1)
 
 
 class SwiGLU(nn.Module):
@@ -177,8 +185,8 @@ class TransformerBlock(nn.Module):
         self.moe: nn.Module | None = MoE(cfg, sharding, gen) if cfg.moe else None
         self.feed_forward: nn.Module | None = None if cfg.moe else SwiGLU(cfg, sharding, gen)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), mask)
         normed = self.ffn_norm(h)
         if self.moe is not None:
             b, s, d = normed.shape
@@ -204,8 +212,9 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
+        mask = causal_mask(tokens.shape[1], tokens.device) if self.cfg.attention == "matmul" else None
         for layer in self.layers:
-            h = layer(h)
+            h = layer(h, mask)
         logits = self.output(self.norm(h)).float()
         if targets is None:
             return logits

@@ -1,0 +1,88 @@
+"""Spawn N local ranks (gloo on 127.0.0.1, a free port) and collect one result per rank.
+
+Used by the demo, the cross-package tests and the e2e benchmark. Each rank runs
+``fn(rank, world_size, *args)`` after ``init_process_group("gloo")`` and returns a picklable
+value; an exception in any rank is re-raised in the parent with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["RankError", "free_port", "spawn_ranks"]
+
+
+class RankError(RuntimeError):
+    """A spawned rank raised; the message carries its traceback."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    args: tuple[Any, ...],
+    results: Any,
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
+    )
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        try:
+            results.put((rank, "ok", fn(rank, world_size, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - forwarded to the parent verbatim
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def spawn_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 600.0
+) -> list[Any]:
+    """Run ``fn`` on ``world_size`` fresh processes; results ordered by rank."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, results), daemon=False)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    errors: list[str] = []
+    try:
+        while len(out) + len(errors) < world_size:
+            try:
+                rank, status, value = results.get(timeout=timeout_s)
+            except queue.Empty:
+                raise RankError(f"ranks timed out after {timeout_s:.0f} s") from None
+            if status == "ok":
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank} failed:\n{value}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=5 if errors else 60)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    if errors:
+        raise RankError("\n".join(errors))
+    return [out[r] for r in range(world_size)]

@@ -1,0 +1,194 @@
+"""Eager-vs-compiled training on one rank: the shared core of the demo, the cross-package
+tests and the e2e benchmark.
+
+Every model is built from the same seed, so the eager reference and each compiled variant
+start from identical (sharded) weights and see identical per-(step, rank) batches; after each
+step the parameters take the same SGD update, so step ``k`` compares like with like.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ap_backend._backend import autoparallel_backend
+from ap_backend._measure import measure_saved
+from ap_backend._precompile import precompile
+from ap_backend.models import ModelConfig, Sharding, Transformer
+
+__all__ = ["Variant", "TrainSpec", "run_rank"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled configuration: ``backend_kwargs`` go to ``autoparallel_backend``;
+    ``backend="inductor"`` compiles the *eager* module with stock Inductor instead (benchmark
+    baseline) and ``backend="eager"`` just times the eager module."""
+
+    name: str
+    backend_kwargs: dict[str, Any] = field(default_factory=dict)
+    backend: str = "autoparallel"
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    model: ModelConfig
+    variants: tuple[Variant, ...]
+    steps: int = 4
+    lr: float = 0.05
+    gather_dtype: str | None = None
+    measure_min_cut_ac: bool = False
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    progress: bool = False
+
+
+def _eager_model(spec: TrainSpec, sharding: Sharding, chunk: Any) -> nn.Module:
+    model = Transformer(spec.model, sharding)
+    if chunk is not None:
+        from ap_epchunk import EagerChunked
+
+        for block in model.layers:
+            moe = getattr(block, "moe", None)
+            if moe is not None:
+                block.moe = EagerChunked(moe, chunk.dim, chunk.num_chunks)
+    return model
+
+
+def _train(
+    step_fn: Callable[[int], torch.Tensor], params: list[nn.Parameter], steps: int, lr: float
+) -> tuple[list[float], list[list[torch.Tensor]], list[float]]:
+    losses: list[float] = []
+    grads: list[list[torch.Tensor]] = []
+    seconds: list[float] = []
+    for step in range(steps):
+        for p in params:
+            p.grad = None
+        start = time.perf_counter()
+        loss = step_fn(step)
+        loss.backward()
+        seconds.append(time.perf_counter() - start)
+        losses.append(float(loss.detach()))
+        grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params])
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.sub_(lr * p.grad)
+    return losses, grads, seconds
+
+
+def _mismatches(
+    names: list[str],
+    ref: list[list[torch.Tensor]],
+    got: list[list[torch.Tensor]],
+    ref_loss: list[float],
+    got_loss: list[float],
+    rtol: float,
+    atol: float,
+) -> tuple[list[str], float]:
+    problems: list[str] = []
+    worst = 0.0
+    for step, (r_step, g_step) in enumerate(zip(ref, got, strict=True)):
+        try:
+            torch.testing.assert_close(
+                torch.tensor(got_loss[step]), torch.tensor(ref_loss[step]), rtol=rtol, atol=atol
+            )
+        except AssertionError as exc:
+            problems.append(f"step {step + 1} loss: {exc}".splitlines()[0])
+        for name, r, g in zip(names, r_step, g_step, strict=True):
+            worst = max(worst, float((g - r).abs().max() / r.abs().max().clamp_min(1e-12)))
+            try:
+                torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
+            except AssertionError as exc:
+                problems.append(f"step {step + 1} grad {name}: {str(exc).splitlines()[-1]}")
+    return problems, worst
+
+
+def _say(spec: TrainSpec, rank: int, msg: str) -> None:
+    if spec.progress and rank == 0:
+        print(f"[ap-backend demo] {msg}", flush=True)
+
+
+def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
+    """Per-rank job: eager reference, then each variant; returns plain numbers only."""
+    import torch._dynamo
+
+    dtype = getattr(torch, spec.gather_dtype) if spec.gather_dtype else None
+    sharding = Sharding.from_world(dtype)
+    chunks = [v.backend_kwargs.get("ep_chunk") for v in spec.variants]
+    chunk = next((c for c in chunks if c is not None), None)
+    result: dict[str, Any] = {"rank": rank, "variants": {}}
+    with (
+        torch._inductor.config.patch({"fx_graph_cache": False}),
+        torch._functorch.config.patch({"enable_autograd_cache": False}),
+    ):
+        eager = _eager_model(spec, sharding, chunk)
+        names = [n for n, _ in eager.named_parameters()]
+        batches = [Transformer.example_batch(eager, s, rank) for s in range(spec.steps)]  # type: ignore[arg-type]
+        _say(spec, rank, f"eager reference: {spec.steps} steps")
+        e_loss, e_grads, e_secs = _train(
+            lambda s: eager(*batches[s]), list(eager.parameters()), spec.steps, spec.lr
+        )
+        result["eager"] = {"losses": e_loss, "step_s": statistics.median(e_secs)}
+        for variant in spec.variants:
+            torch._dynamo.reset()
+            _say(spec, rank, f"{variant.name}: first compilation + torch.compile")
+            out = _run_variant(spec, sharding, variant, batches, names)
+            out["mismatches"], out["max_grad_rel_diff"] = _mismatches(
+                names, e_grads, out.pop("grads"), e_loss, out["losses"], spec.rtol, spec.atol
+            )
+            result["variants"][variant.name] = out
+        if spec.measure_min_cut_ac:
+            torch._dynamo.reset()
+            _say(spec, rank, "measuring min-cut + AC saved set")
+            model = Transformer(spec.model, sharding)
+            pm = precompile(model, batches[0])
+            result["min_cut_ac"] = measure_saved(pm, batches[0]).to_dict()
+    return result
+
+
+def _run_variant(
+    spec: TrainSpec,
+    sharding: Sharding,
+    variant: Variant,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    names: list[str],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    model = Transformer(spec.model, sharding)
+    if variant.backend == "autoparallel":
+        t0 = time.perf_counter()
+        pm = precompile(model, batches[0])
+        out["precompile_s"] = time.perf_counter() - t0
+        out["first_partition"] = pm.first_partition.to_dict()
+        backend = autoparallel_backend(**variant.backend_kwargs)
+        compiled: Callable[..., torch.Tensor] = torch.compile(pm, backend=backend)
+    elif variant.backend == "inductor":
+        backend = None
+        compiled = torch.compile(model)
+    else:
+        backend = None
+        compiled = model
+    losses, grads, secs = _train(
+        lambda s: compiled(*batches[s]), list(model.parameters()), spec.steps, spec.lr
+    )
+    out["losses"] = losses
+    out["grads"] = grads
+    out["first_step_s"] = secs[0]
+    out["step_s"] = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
+    out["step_s_all"] = secs
+    if backend is not None:
+        out["saved"] = [s.to_dict() for s in backend.saved]
+        out["fell_back"] = [bool(getattr(r, "fell_back", False)) for r in backend.partition_reports]
+        out["buckets"] = [int(getattr(s, "buckets", 0)) for s in backend.bucketing_stats]
+        out["chunk_reports"] = len(backend.chunk_reports)
+        out["backend_compile_s"] = sum(backend.compile_seconds)
+        out["inner_compiles"] = backend.inner_compiles
+    assert len(names) == len(grads[0])
+    return out

@@ -1,0 +1,33 @@
+"""autoparallel_backend rejects bad options with a ValueError naming the option."""
+
+from __future__ import annotations
+
+import pytest
+from ap_backend import autoparallel_backend
+from ap_bucketing import BucketingConfig
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"enable_ac": "yes"}, "enable_ac"),
+        ({"ac_stage_size_gib": 0}, "ac_stage_size_gib"),
+        ({"ac_stage_size_gib": -1.5}, "ac_stage_size_gib"),
+        ({"ac_stage_size_gib": "big"}, "ac_stage_size_gib"),
+        ({"overlap_scheduling": 1}, "overlap_scheduling"),
+        ({"bucketing": "fsdp"}, "bucketing"),
+        ({"ep_chunk": {"module_patterns": ["layers.*.moe"]}}, "ep_chunk"),
+        ({"partitioner": "greedy"}, "partitioner"),
+    ],
+)
+def test_invalid_option_raises_value_error_naming_it(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        autoparallel_backend(**kwargs)  # type: ignore[arg-type]
+
+
+def test_valid_options_are_normalised() -> None:
+    be = autoparallel_backend(enable_ac=True, ac_stage_size_gib=2, bucketing=True)
+    assert be.options.ac_stage_size_gib == 2.0
+    assert isinstance(be.options.bucketing, BucketingConfig)
+    assert be.options.partitioner == "save_all"
+    assert autoparallel_backend(bucketing=False).options.bucketing is None
