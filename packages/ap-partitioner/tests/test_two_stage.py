@@ -314,3 +314,14 @@ def test_min_cut_with_ac_differs_from_the_replay(first: First, run: Any) -> None
     # the replay re-gathers exactly what the first backward re-gathered
     assert save_all.backward_all_gathers == first.report.backward_all_gathers
     assert save_all.backward_collectives == first.report.backward_collectives
+
+
+def test_wait_dce_keeps_unused_cast_parameters_out_of_the_saved_set(first: First, run: Any) -> None:
+    """Without ``wait_tensor_dce`` an unused re-gather in the backward (layer 0's q/k/v weights:
+    the input needs no gradient) stays alive through its impure wait, so extraction hands the
+    sharded parameter to the backward as a saved input with no users (reference notes §1.3)."""
+    with_dce, _ = run("save_all", False)
+    without, _ = second_compile(first, SaveAllPartitioner(dce_unused_waits=False), ac=False)
+    extra = set(without.saved_names) - set(with_dce.saved_names)
+    assert extra and all(name.startswith("primals_") for name in extra), extra
+    assert without.saved_input_count == with_dce.saved_input_count + len(extra)
