@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ap_partitioner
+import ap_tags
 import pytest
 import torch
 import torch.fx as fx
@@ -398,3 +399,18 @@ def test_report_measures_saved_bytes() -> None:
     assert rep.saved_activation_bytes == 4 * 4  # add_tensor: 4 float32
     assert rep.partition_time_s > 0 and rep.partitioner == "save_all"
     assert '"saved_activation_count": 1' in rep.to_json()
+
+
+def test_malformed_tags_strict_raise_tag_error_and_leave_the_graph_untouched() -> None:
+    gm = simple(lambda n: n.meta.setdefault("custom", {}).update({keys.MUST_SAVE: "yes"}))
+    before = gm.graph.python_code("self").src
+    with pytest.raises(ap_tags.TagError, match="add_tensor"):
+        partition(gm, strict=True)
+    assert gm.graph.python_code("self").src == before
+
+
+def test_malformed_tags_fall_back_to_min_cut() -> None:
+    gm = simple(lambda n: n.meta.setdefault("custom", {}).update({keys.MUST_SAVE: "yes"}))
+    _, _, rep = partition(gm)
+    assert rep.fell_back and "malformed tags" in (rep.fallback_reason or "")
+    assert "add_tensor" in (rep.fallback_reason or "")

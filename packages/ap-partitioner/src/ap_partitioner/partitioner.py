@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import ap_tags
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
@@ -78,7 +79,8 @@ class SaveAllPartitioner(CustomPartitionerFn):
     ``torch._inductor.config.custom_partitioner_fn`` or pass it as an AOT ``partition_fn``.
 
     Options: ``strict`` raises :class:`ReplayError` instead of falling back to min-cut on an
-    invalid replay; ``on_report`` receives a :class:`PartitionReport` per call;
+    invalid replay (and lets ``ap_tags.TagError`` through on malformed tags, which otherwise
+    also fall back); ``on_report`` receives a :class:`PartitionReport` per call;
     ``dce_unused_waits`` wraps the partition in :func:`wait_tensor_dce` so an unused wait (and
     the cast parameter feeding its all-gather) is not handed to the backward.
     """
@@ -133,6 +135,14 @@ class SaveAllPartitioner(CustomPartitionerFn):
         compiler: str,
     ) -> tuple[fx.GraphModule, fx.GraphModule, dict[str, Any]]:
         mod = _compat.partitioners()
+        try:
+            ap_tags.validate_tags(gm.graph)
+        except ap_tags.TagError as exc:  # checked before the prologue touches the graph
+            if self.strict:
+                raise
+            reason = f"malformed tags: {exc}"
+            return self._fallback(gm, joint_inputs, num_fwd_outputs, static, compiler,
+                                  reason, [], ())
         pro = run_prologue(gm, num_fwd_outputs)
         notes = tuple(f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged)
         info = mod.classify_nodes(pro.module, static, num_fwd_outputs)
@@ -150,13 +160,13 @@ class SaveAllPartitioner(CustomPartitionerFn):
         missing = missing_values(pro.module, plan, num_fwd_outputs)
         if missing:
             reason = self._missing_reason(pro.module, missing)
-            return self._fallback(pro, joint_inputs, num_fwd_outputs, static, compiler,
+            return self._fallback(pro.module, joint_inputs, num_fwd_outputs, static, compiler,
                                   reason, missing, notes)
         try:
             fw, bw = self._extract(pro, plan, info, num_fwd_outputs)
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
-            return self._fallback(pro, joint_inputs, num_fwd_outputs, static, compiler,
+            return self._fallback(pro.module, joint_inputs, num_fwd_outputs, static, compiler,
                                   reason, [], notes, cause=exc)
         return fw, bw, {"notes": notes}
 
@@ -187,7 +197,7 @@ class SaveAllPartitioner(CustomPartitionerFn):
 
     def _fallback(
         self,
-        pro: Prologue,
+        joint: fx.GraphModule,
         joint_inputs: Sequence[object],
         num_fwd_outputs: int,
         static: list[int],
@@ -201,7 +211,7 @@ class SaveAllPartitioner(CustomPartitionerFn):
             raise ReplayError(f"SaveAllPartitioner(strict=True): {reason}", missing) from cause
         log.warning("ap-partitioner: %s; falling back to min-cut", reason)
         fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
-            pro.module,
+            joint,
             joint_inputs,
             compiler,
             num_fwd_outputs=num_fwd_outputs,
