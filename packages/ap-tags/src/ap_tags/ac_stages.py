@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 import torch.fx
 
+from ._args import as_graph
 from ._compat import checkpoint_policy
 from .accessors import ac_graph_id, recompute_policy, set_recompute
 from .keys import FSDP_AC_GRAPH_ID
@@ -149,8 +150,8 @@ def mark_ac_stages(
     Refuses (ValueError / TagError) before writing anything when ``stage_size_gib`` is invalid
     or an existing ``recompute``/``ac_graph_id`` tag is malformed.
     """
+    g = as_graph(graph, "mark_ac_stages")
     size_opt = _check_stage_size(stage_size_gib)
-    g = graph.graph if isinstance(graph, torch.fx.GraphModule) else graph
     policy = checkpoint_policy()
     order = {n: i for i, n in enumerate(g.nodes)}
     candidates = recomputable_forward_nodes(g)

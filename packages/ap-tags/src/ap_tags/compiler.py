@@ -23,6 +23,7 @@ from typing import Any
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
+from ._args import check_num_fwd_outputs, require_graph_module
 from ._compat import require_fx_traceback
 from .saved import SavedOutputsReport, tag_saved_outputs
 
@@ -57,8 +58,10 @@ def preserve_meta_compiler(
     require_fx_traceback("preserve_node_meta", "set_current_meta")
     if not isinstance(tag_forward, bool):
         raise TypeError(f"tag_forward must be bool, got {type(tag_forward).__name__}")
+    check_num_fwd_outputs(num_fwd_outputs, "preserve_meta_compiler")
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> InterpretedGraph:
+        require_graph_module(gm, "preserve_meta_compiler", "gm")
         report = None
         if tag_forward:
             report = tag_saved_outputs(gm, num_fwd_outputs=num_fwd_outputs)

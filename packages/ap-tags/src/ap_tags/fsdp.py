@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from ._args import as_graph
 from ._compat import checkpoint_policy, functional_collective_ops
 from .accessors import set_recompute
 from .keys import FSDP_AC_GRAPH_ID
@@ -181,7 +182,7 @@ def mark_fsdp_all_gather_recomputation(
         raise TypeError(
             f"reshard_after_forward must be bool, got {type(reshard_after_forward).__name__}"
         )
-    g = graph.graph if isinstance(graph, torch.fx.GraphModule) else graph
+    g = as_graph(graph, "mark_fsdp_all_gather_recomputation")
     all_gather_op, wait_op, wait_many_op = functional_collective_ops()
     policy = checkpoint_policy()
 

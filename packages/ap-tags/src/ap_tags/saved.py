@@ -16,9 +16,11 @@ from typing import Literal
 
 import torch.fx
 
+from ._args import check_num_fwd_outputs, require_graph_module
 from ._compat import saved_output_descriptor_types
-from .accessors import custom_meta, mark_must_save
+from .accessors import _indices_problem, _is_int, custom_meta, mark_must_save
 from .errors import TagError
+from .keys import MUST_SAVE_INDICES
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +88,10 @@ def tag_saved_outputs(
     retrace). Saved placeholders are reported but not tagged (partitioners save inputs anyway).
     With ``num_fwd_outputs`` (or descriptors) only outputs past the user outputs are tagged.
     """
+    require_graph_module(fw_gm, "tag_saved_outputs")
+    check_num_fwd_outputs(num_fwd_outputs, "tag_saved_outputs")
     out, values = _output_values(fw_gm)
     if num_fwd_outputs is not None:
-        if isinstance(num_fwd_outputs, bool) or not isinstance(num_fwd_outputs, int):
-            raise TypeError(f"num_fwd_outputs must be an int, got {num_fwd_outputs!r}")
         if not 0 <= num_fwd_outputs <= len(values):
             raise ValueError(
                 f"num_fwd_outputs={num_fwd_outputs} is outside [0, {len(values)}] for the "
@@ -123,13 +125,21 @@ def tag_saved_outputs(
             continue
         if value.target is operator.getitem and isinstance(value.args[0], torch.fx.Node):
             index = value.args[1]
-            if isinstance(index, bool) or not isinstance(index, int):
-                raise TagError({value.name: [f"saved getitem has non-int index {index!r}"]})
+            if not _is_int(index) or index < 0:  # type: ignore[operator]
+                raise TagError(
+                    {value.name: [f"saved getitem has index {index!r}; need an int >= 0"]}
+                )
+            assert isinstance(index, int)
             getitems.append((value.args[0], index))
         else:
             plain.append(value)
     for node in [*plain, *(p for p, _ in getitems)]:
-        custom_meta(node)  # raises TagError on a non-dict custom before anything is written
+        # raises TagError on a non-dict custom / malformed index list before anything is written
+        custom = custom_meta(node)
+        existing = None if custom is None else custom.get(MUST_SAVE_INDICES)
+        problem = None if existing is None else _indices_problem(existing)
+        if problem is not None:
+            raise TagError({node.name: [problem]})
 
     tagged: list[str] = []
     parents: dict[str, list[int]] = {}

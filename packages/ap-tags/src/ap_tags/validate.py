@@ -12,6 +12,7 @@ from typing import Any
 
 import torch.fx
 
+from ._args import as_graph, require_node
 from ._compat import checkpoint_policy
 from .accessors import _indices_problem, _is_int
 from .errors import TagError
@@ -67,6 +68,7 @@ def _output_count(node: torch.fx.Node) -> int | None:
 
 def node_tag_problems(node: torch.fx.Node) -> list[str]:
     """Every problem with ``node``'s project and AC tags (empty when well-formed)."""
+    require_node(node, "node_tag_problems")
     problems: list[str] = []
     custom: Any = node.meta.get(CUSTOM)
     if custom is not None and not isinstance(custom, dict):
@@ -99,7 +101,7 @@ def node_tag_problems(node: torch.fx.Node) -> list[str]:
 
 def validate_tags(graph: torch.fx.Graph | torch.fx.GraphModule) -> None:
     """Raise ``TagError`` naming every node whose tags are malformed; return None otherwise."""
-    g = graph.graph if isinstance(graph, torch.fx.GraphModule) else graph
+    g = as_graph(graph, "validate_tags")
     problems: dict[str, list[str]] = {}
     for node in g.nodes:
         found = node_tag_problems(node)
