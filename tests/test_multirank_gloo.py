@@ -54,3 +54,22 @@ def test_bucketing_formed_buckets_forward_and_backward(ranks: list[dict[str, Any
     v = ranks[0]["variants"]["bucketing_overlap"]
     assert [c["is_backward"] for c in v["inner_compiles"]] == [False, True]
     assert sum(v["buckets"]) >= 2  # at least one bucket per graph
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_moe_with_ep_chunk_matches_eager_chunking() -> None:
+    from ap_epchunk import ChunkConfig
+
+    chunk = ChunkConfig(
+        module_patterns=("layers.*.moe",), num_chunks=2, early_grad_accumulation=False
+    )
+    spec = TrainSpec(
+        model=ModelConfig(n_layers=1, attention="matmul", moe=True),
+        variants=(Variant("chunk", {"ep_chunk": chunk}),),
+        steps=2,
+    )
+    for r in spawn_ranks(run_rank, 2, spec):
+        v = r["variants"]["chunk"]
+        assert v["chunk_reports"] == 1  # the joint graph was chunked once
+        assert v["mismatches"] == [], v["mismatches"]

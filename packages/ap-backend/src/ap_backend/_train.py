@@ -8,6 +8,7 @@ step the parameters take the same SGD update, so step ``k`` compares like with l
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -153,6 +154,17 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
     return result
 
 
+def _with_token_chunk_input(kwargs: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """Static-shape chunking needs the joint-graph placeholder that carries the token dim. The
+    second compile lifts the parameters first (``primals_1..P``), then the user inputs, so
+    the tokens are ``primals_{P+1}``."""
+    chunk = kwargs.get("ep_chunk")
+    if chunk is None or chunk.chunk_inputs:
+        return kwargs
+    tokens = f"primals_{len(list(model.parameters())) + 1}"
+    return {**kwargs, "ep_chunk": dataclasses.replace(chunk, chunk_inputs=(tokens,))}
+
+
 def _run_variant(
     spec: TrainSpec,
     sharding: Sharding,
@@ -167,7 +179,7 @@ def _run_variant(
         pm = precompile(model, batches[0])
         out["precompile_s"] = time.perf_counter() - t0
         out["first_partition"] = pm.first_partition.to_dict()
-        backend = autoparallel_backend(**variant.backend_kwargs)
+        backend = autoparallel_backend(**_with_token_chunk_input(variant.backend_kwargs, model))
         compiled: Callable[..., torch.Tensor] = torch.compile(pm, backend=backend)
     elif variant.backend == "inductor":
         backend = None
