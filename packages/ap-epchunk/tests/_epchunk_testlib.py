@@ -66,8 +66,10 @@ class MoEBlock(nn.Module):
         self.moe = MoE(d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x)
-        return h + self.moe(h)
+        # the residual joins *outside* the MoE input: autograd accumulates every use of a
+        # tensor in one chain, so a residual on the MoE input itself would interleave
+        # full-graph and per-chunk gradient terms and break bitwise equality with eager chunking
+        return x + self.moe(self.proj(x))
 
 
 def make_step(model: nn.Module, loss_fn: Callable[..., torch.Tensor] = F.mse_loss) -> Any:

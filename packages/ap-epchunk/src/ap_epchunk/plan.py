@@ -105,17 +105,18 @@ def _plan_body(
     for node in region.candidates:
         influenced = False
         for inp in node.all_input_nodes:
-            if inp in body or inp in plan.split_dim or inp in plan.scalars:
+            if inp in body:
                 influenced = True
-            elif inp in plan.owner:
-                if _routable(inp, plan.owner[inp], rp, shapes):
-                    rp.routed.add(inp)
-                    influenced = True
+            elif inp in plan.owner and _routable(inp, plan.owner[inp], rp, shapes):
+                rp.routed.add(inp)
+                influenced = True
+            elif inp in plan.split_dim or inp in plan.scalars:
+                influenced = True
             elif shapes.scalar_carries_chunk(inp):
                 plan.scalars.add(inp)
                 rp.scalars.append(inp)
                 influenced = True
-            else:
+            elif inp not in plan.owner:
                 d = shapes.dim(inp)
                 if isinstance(d, int):
                     plan.split_dim[inp] = d

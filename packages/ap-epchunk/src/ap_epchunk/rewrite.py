@@ -113,9 +113,14 @@ class _Rewriter:
 
     def _scalar(self, live_in: torch.fx.Node, rp: RegionPlan) -> None:
         assert isinstance(self.shapes, SymbolicShapes)
-        val = subst_scalar(live_in.meta["val"], self.shapes.mapping)
+        # a scalar computed by an earlier region: divide its full value, not its chunk 0
+        full = self.full.get(live_in, live_in)
+        meta, name = live_in.meta, live_in.name
+        if live_in in self.orig:
+            meta, name = self.orig[live_in][2], self.orig[live_in][3]
+        val = subst_scalar(meta["val"], self.shapes.mapping)
         self.per_chunk_scalar[live_in] = self._glue(
-            rp, operator.floordiv, (live_in, self.n), val, f"{live_in.name}_per_chunk"
+            rp, operator.floordiv, (full, self.n), val, f"{name}_per_chunk"
         )
 
     # ------------------------------------------------------------------ body
@@ -123,12 +128,12 @@ class _Rewriter:
         def one(a: torch.fx.Node) -> torch.fx.Node:
             if a in self.copies and (self.plan.owner[a] is rp or a in rp.routed):
                 return self.copies[a][i]
-            if a in self.full:
-                return self.full[a]
-            if a in self.pieces:
-                return self.pieces[a][i]
             if a in self.per_chunk_scalar:
                 return self.per_chunk_scalar[a]
+            if a in self.pieces:
+                return self.pieces[a][i]
+            if a in self.full:
+                return self.full[a]
             return a
 
         return one
@@ -212,7 +217,8 @@ class _Rewriter:
             prev = replay
         self.full[m.live_out] = prev
         for user in m.full_users:
-            user.replace_input_with(m.live_out, prev)
+            if user not in self.plan.owner:  # later body nodes read self.full in _mapper
+                user.replace_input_with(m.live_out, prev)
 
     # ------------------------------------------------------------------ driver
     def run(self) -> None:

@@ -208,7 +208,7 @@ class StaticShapes(ChunkShapes):
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         args, kwargs = tuple(node.args), dict(node.kwargs)
         if node.target not in _VIEW_OPS and node.target is not aten.expand.default:
-            return args, kwargs
+            return self._rewrite_template_sizes(node, args, kwargs)
         src = args[0]
         if not isinstance(src, torch.fx.Node) or src not in self.probe:
             return args, kwargs
@@ -231,6 +231,30 @@ class StaticShapes(ChunkShapes):
         if sizes[d] != -1:
             sizes[d] = out_shape[d] // self.num_chunks
         return (args[0], sizes, *args[2:]), kwargs
+
+    def _rewrite_template_sizes(
+        self, node: torch.fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``new_zeros(t, [8, 4])``, ``slice_backward(g, [8, 4], ...)``: a size list of the
+        template's rank whose entry at the template's chunk dim is the full extent shrinks."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or not args or not isinstance(args[0], torch.fx.Node):
+            return args, kwargs
+        c = self.dim(args[0]) if args[0] in self.probe else None
+        if not isinstance(c, int):
+            return args, kwargs
+        full = args[0].meta["val"]
+        new_args = list(args)
+        for i, arg in enumerate(schema.arguments[: len(args)]):
+            if i == 0 or str(arg.type) not in ("List[int]", "SymInt[]", "int[]"):
+                continue
+            sizes = args[i]
+            if (isinstance(sizes, (list, tuple)) and len(sizes) == full.dim()
+                    and all(isinstance(s, int) for s in sizes) and sizes[c] == full.shape[c]):
+                new_sizes = list(sizes)
+                new_sizes[c] = int(full.shape[c]) // self.num_chunks
+                new_args[i] = new_sizes
+        return tuple(new_args), kwargs
 
     def dim(self, node: torch.fx.Node) -> ChunkDim:
         if node in self.failed:
