@@ -15,4 +15,3 @@ def _never_leak_patches() -> Iterator[None]:
     yield
     ap_bucketing.uninstall()
     assert not ap_bucketing.is_installed()
-

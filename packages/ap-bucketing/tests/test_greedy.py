@@ -170,7 +170,9 @@ def _unbacked_graph(hint: int | None) -> tuple[fx.GraphModule, list[fx.Node]]:
     for _ in range(2):
         p = b.graph.placeholder(f"x{len(ags)}")
         p.meta["val"] = torch.empty((u, 16), device="meta")
-        ag = b.graph.call_function(torch.ops._c10d_functional.all_gather_into_tensor.default, (p, 8, "dp"))
+        ag = b.graph.call_function(
+            torch.ops._c10d_functional.all_gather_into_tensor.default, (p, 8, "dp")
+        )
         ag.meta["val"] = torch.empty((u * 8, 16), device="meta")
         w = b.graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (ag,))
         ags.append(ag)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 
+import ap_bucketing
 import torch
 import torch._inductor.fx_passes.bucketing as torch_bucketing
 import torch._inductor.fx_passes.fsdp as torch_fsdp
-
-import ap_bucketing
 from ap_bucketing import BucketingConfig, collect_stats, install, is_installed, patched, uninstall
 from ap_bucketing.synthetic import GraphBuilder
 from ap_bucketing.synthetic import all_gather_bucketing_args as ag_args

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from ap_bucketing import max_consec_compute_between_rs
 from ap_bucketing.synthetic import GraphBuilder
 

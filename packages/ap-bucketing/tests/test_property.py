@@ -6,13 +6,12 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from ap_bucketing import BucketingConfig, _reach, bucket_collectives
 from ap_bucketing._sizes import collective_bytes
 from ap_bucketing.synthetic import GraphBuilder
 from ap_bucketing.synthetic import all_gather_bucketing_args as ag_args
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 MIB = 1024 * 1024
 

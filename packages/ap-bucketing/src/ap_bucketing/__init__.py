@@ -11,7 +11,6 @@ from ._sizes import MissingValueError
 from .config import BucketingConfig
 from .greedy import bucket_collectives
 from .groups import primary_fsdp_groups
-from .install import current_config, install, is_installed, patched, uninstall
 from .metrics import max_consec_compute_between_rs
 from .overlap import (
     OverlapBucketingPass,
@@ -19,6 +18,7 @@ from .overlap import (
     cpu_runtime_estimation,
     overlap_config_patches,
 )
+from .patching import current_config, install, is_installed, patched, uninstall
 from .stats import (
     BucketingStats,
     add_stats_observer,

@@ -30,8 +30,8 @@ from . import _compat
 from ._sizes import hint_int
 from ._source import package_source_hash
 from .config import BucketingConfig
-from .install import patched
 from .metrics import max_consec_compute_between_rs
+from .patching import patched
 
 log = logging.getLogger(__name__)
 

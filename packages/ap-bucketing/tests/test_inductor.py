@@ -1,0 +1,175 @@
+"""Inductor-level behaviour: FX-graph cache keying and end-to-end FSDP-style compiles (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import ap_bucketing
+import ap_bucketing.patching
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.fx as fx
+from ap_bucketing import (
+    BucketingConfig,
+    OverlapBucketingPass,
+    collect_stats,
+    overlap_config_patches,
+    primary_fsdp_groups,
+)
+from torch._inductor.compile_fx import compile_fx
+
+_AGS = (
+    torch.ops._c10d_functional.all_gather_into_tensor.default,
+    torch.ops._c10d_functional.all_gather_into_tensor_out.default,
+)
+_RS = torch.ops._c10d_functional.reduce_scatter_tensor.default
+
+
+_CACHE_SCRIPT = """
+import json
+import torch
+from torch._dynamo.utils import counters
+from ap_bucketing import BucketingConfig, patched
+
+def f(x):
+    return (x.sin() + 1).relu()
+
+def compile_once(span):
+    torch._dynamo.reset()
+    counters.clear()
+    with patched(BucketingConfig(max_topo_span=span)):
+        torch.compile(f, backend="inductor", fullgraph=True)(torch.randn(16))
+    inductor = counters["inductor"]
+    return [inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]]
+
+with torch._functorch.config.patch(enable_autograd_cache=False):
+    print(json.dumps([compile_once(1500), compile_once(1500), compile_once(100)]))
+"""
+
+
+@pytest.mark.slow
+def test_changing_max_topo_span_recompiles_instead_of_reusing(tmp_path: Path) -> None:
+    # The root conftest forces the FX-graph cache off through TORCHINDUCTOR_FX_GRAPH_CACHE=0,
+    # an env "force" that beats config.patch; so this runs in a child process with the cache
+    # forced on and a private cache directory.
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CACHE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    first, same, changed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first == [0, 1]
+    assert same == [1, 0]  # the cache works: same config, same key
+    assert changed == [0, 1]  # max_topo_span changed: new key, recompiled
+
+
+def test_pass_uuid_covers_config_and_options() -> None:
+    base = OverlapBucketingPass(BucketingConfig(), cpu=True)
+    assert base.uuid() == OverlapBucketingPass(BucketingConfig(), cpu=True).uuid()
+    assert base.uuid() != OverlapBucketingPass(BucketingConfig(max_topo_span=100), cpu=True).uuid()
+    assert base.uuid() != OverlapBucketingPass(BucketingConfig(), cpu=False).uuid()
+    assert base.uuid() != OverlapBucketingPass(BucketingConfig(), cpu=True, reorder=False).uuid()
+    assert base.uuid() != OverlapBucketingPass(cpu=True, max_in_flight_gb=1.0).uuid()
+    with pytest.raises(ValueError, match="config"):
+        OverlapBucketingPass(object())  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fake_pg() -> Iterator[str]:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
+    try:
+        yield dist.group.WORLD.group_name  # type: ignore[union-attr]
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+
+
+class _FsdpStyle(torch.nn.Module):
+    """4 layers whose weights are stored as 1/8 shards and all-gathered in forward."""
+
+    def __init__(self, group: str, layers: int = 4, dim: int = 32) -> None:
+        super().__init__()
+        self.group = group
+        self.shards = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(dim // 8, dim)) for _ in range(layers)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for shard in self.shards:
+            weight = funcol.all_gather_tensor(shard, 0, self.group)
+            x = torch.relu(x @ weight.t())
+        return x
+
+
+class _CountingPass(OverlapBucketingPass):
+    """Records collective counts before and after the real pass, per graph."""
+
+    seen: list[dict[str, int]]
+
+    def __call__(self, graph: fx.Graph) -> None:
+        before = _count(graph)
+        super().__call__(graph)
+        after = _count(graph)
+        self.seen.append(
+            {
+                "ag_before": before[0],
+                "ag_after": after[0],
+                "rs_before": before[1],
+                "rs_after": after[1],
+            }
+        )
+
+
+def _count(graph: fx.Graph) -> tuple[int, int]:
+    ag = sum(len(graph.find_nodes(op="call_function", target=t)) for t in _AGS)
+    rs = len(graph.find_nodes(op="call_function", target=_RS))
+    return ag, rs
+
+
+@pytest.mark.slow
+def test_end_to_end_fsdp_model_buckets_all_gathers_with_the_patched_functions(
+    fake_pg: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = BucketingConfig(max_topo_span=10_000)
+    patches = overlap_config_patches(config, cpu=True)
+    counting = _CountingPass(config, cpu=True)
+    counting.seen = []
+    patches["post_grad_custom_post_pass"] = counting
+    identify_calls: list[BucketingConfig | None] = []
+
+    def spy(gm: fx.GraphModule) -> object:
+        identify_calls.append(ap_bucketing.current_config())
+        return primary_fsdp_groups(gm)
+
+    # The patched identify_fsdp_groups delegates here; torch reaches it only while patched.
+    monkeypatch.setattr(ap_bucketing.patching, "primary_fsdp_groups", spy)
+
+    def backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        return compile_fx(gm, example_inputs, config_patches=patches)
+
+    model = _FsdpStyle(fake_pg)
+    x = torch.randn(4, 32, requires_grad=True)
+    with collect_stats() as stats:
+        out = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert len(identify_calls) == 1  # forward compiled, backward not yet
+        out.sum().backward()  # the backward compiles lazily, outside torch.compile's call
+    assert not ap_bucketing.is_installed()  # scoped: nothing left patched afterwards
+    forward, backward = counting.seen
+    assert forward["ag_before"] == 4 and forward["ag_after"] == 1
+    assert backward["rs_before"] == 4  # the pass ran on the lazily compiled backward too
+    assert identify_calls == [config, config]  # patched identify, with our config, fw and bw
+    # The patched greedy function bucketed the four all-gathers into one bucket.
+    assert any(s.buckets == 1 and s.bucketed == 4 for s in stats)
+    assert all(s.max_topo_span == 10_000 for s in stats)
+    assert all(shard.grad is not None for shard in model.shards)
