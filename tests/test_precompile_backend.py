@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 from ap_backend import autoparallel_backend, precompile
 from ap_backend._measure import measure_saved
-from ap_backend.models import ModelConfig, Sharding, ShardedLinear, Transformer
+from ap_backend.models import ModelConfig, ShardedLinear, Sharding, Transformer
 
 from tests._fakepg import fake_world
 

@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any
 
-from torch._logging import trace_structured
+from torch._logging._internal import trace_structured
 
 __all__ = ["emit_json", "emit_string", "jsonable"]
 

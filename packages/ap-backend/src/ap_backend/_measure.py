@@ -67,7 +67,7 @@ def measure_saved(
     ):
         out = torch.compile(module, backend=backend)(*example_args)
     if isinstance(out, torch.Tensor) and out.requires_grad:
-        out.sum().backward()
+        out.sum().backward()  # type: ignore[no-untyped-call]
     module.zero_grad(set_to_none=True)
     if not sink:
         raise RuntimeError("measure_saved: no joint graph was partitioned (no output grad?)")

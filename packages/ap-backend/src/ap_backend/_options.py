@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ap_bucketing import BucketingConfig
 import ap_epchunk
+from ap_bucketing import BucketingConfig
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 __all__ = ["BackendOptions", "PartitionerChoice", "validate_options"]

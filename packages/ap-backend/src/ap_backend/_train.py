@@ -73,7 +73,7 @@ def _train(
             p.grad = None
         start = time.perf_counter()
         loss = step_fn(step)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         seconds.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
         grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params])

@@ -72,4 +72,5 @@ def gather(shard: torch.Tensor, sharding: Sharding) -> torch.Tensor:
     out = torch.ops._c10d_functional.all_gather_into_tensor(
         x, sharding.world_size, sharding.group_name
     )
-    return torch.ops._c10d_functional.wait_tensor(out)
+    full: torch.Tensor = torch.ops._c10d_functional.wait_tensor(out)
+    return full

@@ -125,7 +125,8 @@ class Attention(nn.Module):
                 mask = causal_mask(s, x.device)
             scores = scores.masked_fill(mask, float("-inf"))
             o = scores.softmax(-1) @ v
-        return self.wo(o.transpose(1, 2).reshape(b, s, d))
+        out: torch.Tensor = self.wo(o.transpose(1, 2).reshape(b, s, d))
+        return out
 
 
 def causal_mask(seq: int, device: torch.device) -> torch.Tensor:
@@ -141,7 +142,8 @@ class SwiGLU(nn.Module):
         self.w2 = ShardedLinear(cfg.ffn_dim, cfg.dim, sharding, gen)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
 
 
 class MoE(nn.Module):
@@ -176,7 +178,8 @@ class MoE(nn.Module):
         xe = x.to(w1.dtype).unsqueeze(0).expand(e, t, d)
         h = F.silu(torch.bmm(xe, w1.transpose(1, 2))) * torch.bmm(xe, w3.transpose(1, 2))
         y = torch.bmm(h, w2.transpose(1, 2))  # (E, T, D)
-        return (y * gates.t().unsqueeze(-1).to(y.dtype)).sum(0)
+        out: torch.Tensor = (y * gates.t().unsqueeze(-1).to(y.dtype)).sum(0)
+        return out
 
 
 class TransformerBlock(nn.Module):
@@ -189,13 +192,16 @@ class TransformerBlock(nn.Module):
         self.feed_forward: nn.Module | None = None if cfg.moe else SwiGLU(cfg, sharding, gen)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), mask)
-        normed = self.ffn_norm(h)
+        attended: torch.Tensor = self.attention(self.attention_norm(x), mask)
+        h = x + attended
+        normed: torch.Tensor = self.ffn_norm(h)
         if self.moe is not None:
             b, s, d = normed.shape
-            return h + self.moe(normed.reshape(b * s, d)).view(b, s, d)
+            routed: torch.Tensor = self.moe(normed.reshape(b * s, d))
+            return h + routed.view(b, s, d)
         assert self.feed_forward is not None
-        return h + self.feed_forward(normed)
+        dense: torch.Tensor = self.feed_forward(normed)
+        return h + dense
 
 
 class Transformer(nn.Module):
@@ -218,7 +224,7 @@ class Transformer(nn.Module):
         mask = causal_mask(tokens.shape[1], tokens.device) if self.cfg.attention == "matmul" else None
         for layer in self.layers:
             h = layer(h, mask)
-        logits = self.output(self.norm(h)).float()
+        logits: torch.Tensor = self.output(self.norm(h)).float()
         if targets is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
