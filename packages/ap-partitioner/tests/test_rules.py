@@ -414,3 +414,46 @@ def test_malformed_tags_fall_back_to_min_cut() -> None:
     _, _, rep = partition(gm)
     assert rep.fell_back and "malformed tags" in (rep.fallback_reason or "")
     assert "add_tensor" in (rep.fallback_reason or "")
+
+
+def test_effectful_op_tagged_must_recompute_is_saved_instead_of_raising() -> None:
+    """torch 2.15's ``force_save_effectful_ops`` raises on MUST_RECOMPUTE (2.13/2.14 skip it and
+    build an invalid backward); the prologue re-tags it MUST_SAVE first, on every version."""
+    from ap_partitioner.prologue import run_prologue
+    from torch._higher_order_ops.effects import with_effects
+
+    j = Joint()
+    x = j.input("primals_1", 4)
+    token = j.input("primals_2", 0)
+    t = j.input("tangents_1", 4)
+    we = j.g.call_function(with_effects, (token, aten.sin.default, x))
+    we.name = "with_effects"
+    we.meta["val"] = (torch.empty(0), torch.sin(x.meta["val"]))
+    tag(we, policy=MUST_RECOMPUTE)
+    new_token = j.op(operator.getitem, we, 0, name="getitem")
+    out = j.op(operator.getitem, we, 1, name="getitem_1")
+    grad = j.op(aten.mul.Tensor, out, t, name="mul")
+    gm = j.module(new_token, out, grad)
+    pro = run_prologue(gm, 2)
+    assert pro.effectful_retagged == ("with_effects",)
+    nodes = {n.name: n for n in pro.module.graph.nodes}
+    assert nodes["with_effects"].meta["recompute"] is MUST_SAVE
+    plan = plan_saves(list(pro.module.graph.nodes))
+    assert "getitem_1" in [n.name for n in plan.values]
+
+
+def test_report_is_logged_and_traced(monkeypatch: pytest.MonkeyPatch,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    from ap_partitioner import report as report_mod
+
+    artifacts: list[tuple[dict[str, Any], str]] = []
+
+    def trace(name: str, *, metadata_fn: Any, payload_fn: Any) -> None:
+        assert name == "artifact"
+        artifacts.append((metadata_fn(), payload_fn()))
+
+    monkeypatch.setattr(report_mod, "trace_structured", trace)
+    with caplog.at_level(logging.DEBUG, logger="ap_partitioner.report"):
+        _, _, rep = partition(simple(lambda n: tag(n, replay=True)))
+    assert artifacts == [({"name": "ap_partition_report", "encoding": "json"}, rep.to_json())]
+    assert any("partition report" in r.getMessage() for r in caplog.records)
