@@ -135,3 +135,48 @@ def graph_snapshot(gm: torch.fx.GraphModule) -> tuple[str, list[Any]]:
         meta = {k: (repr(v) if k != "custom" else dict(v)) for k, v in node.meta.items()}
         metas.append((node.name, node.op, str(node.target), repr(node.args), meta))
     return gm.code, metas
+
+
+class GraphBuilder:
+    """Hand-built FX graphs with fake values over one ShapeEnv (for unit tests)."""
+
+    def __init__(self) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+        self.graph = torch.fx.Graph()
+
+    def unbacked(self, hint: int | None) -> torch.SymInt:
+        from ap_epchunk._compat import new_hinted_unbacked_symint
+
+        if hint is None:
+            with self.shape_env.ignore_fresh_unbacked_symbols():
+                return self.shape_env.create_unbacked_symint()
+        return new_hinted_unbacked_symint(self.shape_env, hint)
+
+    def fake(self, *shape: Any) -> torch.Tensor:
+        with self.fake_mode:
+            return torch.empty(shape)
+
+    def placeholder(self, name: str, val: Any) -> torch.fx.Node:
+        node = self.graph.placeholder(name)
+        node.meta["val"] = val
+        return node
+
+    def op(self, target: Any, *args: Any, fqn: str | None = None, backward: bool = False,
+           **kwargs: Any) -> torch.fx.Node:
+        node = self.graph.call_function(target, args, kwargs)
+        vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        with self.fake_mode:
+            node.meta["val"] = target(*vals[0], **vals[1])
+        if fqn is not None:
+            node.meta["custom"] = {"module_fqn": fqn}
+        if backward:
+            node.meta["autograd_backward"] = True
+        return node
+
+    def module(self, *outputs: Any) -> torch.fx.GraphModule:
+        self.graph.output(tuple(outputs))
+        return torch.fx.GraphModule(torch.nn.Module(), self.graph)

@@ -63,8 +63,13 @@ def no_pending_fresh_symbols(shape_env: ShapeEnv) -> Iterator[None]:
 
 def new_hinted_unbacked_symint(shape_env: ShapeEnv, hint: int) -> torch.SymInt:
     """An unbacked SymInt whose optimization hint is ``hint`` and that make_fx won't rebind."""
+    from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size
+
     with no_pending_fresh_symbols(shape_env):
         sym = shape_env.create_unbacked_symint()
+    # size-like with a lower bound of 2, as mark_unbacked(min=...) does: tracing may then
+    # decide "is this dim 0 or 1?" without guarding on the data-dependent symbol
+    _constrain_range_for_size(sym, min=2, max=None)
     shape_env.var_to_hint_override[sym.node.expr] = hint
     return sym
 

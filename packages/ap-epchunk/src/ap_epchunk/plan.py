@@ -201,8 +201,10 @@ def _early_chain(
         q = p.args[0]
         if plan.owner.get(q) is not rp or len(q.users) != 1 or q in rp.chains:
             break
+        # other inputs must exist at full size before the replay: shared values and scalar
+        # live-ins (the replay uses their full value), never chunk-valued ones
         others = [a for a in p.all_input_nodes if a is not q]
-        if any(a in plan.owner or a in plan.split_dim or a in plan.scalars for a in others):
+        if any(a in plan.owner or a in plan.split_dim for a in others):
             break
         if kind == "sum":
             if shapes.dim(q) is not None:

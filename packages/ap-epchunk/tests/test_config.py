@@ -1,0 +1,62 @@
+"""ChunkConfig validation, mark_chunk_dim and EagerChunked contracts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ap_epchunk import ChunkConfig, ChunkError, EagerChunked, mark_chunk_dim
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"module_patterns": ()}, "module_patterns"),
+    ({"module_patterns": ("",)}, "module_patterns"),
+    ({"dim": -1}, "dim"),
+    ({"num_chunks": 1}, "num_chunks"),
+    ({"num_chunks": True}, "num_chunks"),
+    ({"early_grad_accumulation": "yes"}, "early_grad_accumulation"),
+    ({"chunk_inputs": ("",)}, "chunk_inputs"),
+])
+def test_bad_config_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    base: dict[str, object] = {"module_patterns": ("layers.*",)}
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=f"ChunkConfig.{field}"):
+        ChunkConfig(**base)  # type: ignore[arg-type]
+
+
+def test_config_defaults_and_single_pattern_string() -> None:
+    cfg = ChunkConfig(module_patterns="layers.*.moe")  # type: ignore[arg-type]
+    assert cfg.module_patterns == ("layers.*.moe",)
+    assert (cfg.dim, cfg.num_chunks, cfg.early_grad_accumulation) == (0, 2, True)
+
+
+def test_mark_chunk_dim_marks_unbacked_with_hint() -> None:
+    x = torch.randn(8, 4)
+    assert mark_chunk_dim(x, 0, hint=8) is x
+    assert 0 in x._dynamo_unbacked_indices  # type: ignore[attr-defined]
+    assert x._dynamo_hint_overrides[0] == 8  # type: ignore[attr-defined]
+    static = mark_chunk_dim(torch.randn(8, 4), -2, hint=None)
+    assert not hasattr(static, "_dynamo_unbacked_indices")
+    with pytest.raises(ChunkError, match="0-d"):
+        mark_chunk_dim(torch.tensor(1.0), 0, hint=2)
+    with pytest.raises(ChunkError, match="hint must be an int >= 2"):
+        mark_chunk_dim(torch.randn(8), 0, hint=1)
+
+
+def test_eager_chunked_runs_each_chunk_and_concatenates() -> None:
+    seen: list[int] = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            seen.append(x.shape[0])
+            return x * 2, x + 1
+
+    x = torch.arange(12.0).view(6, 2)
+    a, b = EagerChunked(Probe(), 0, 3)(x)
+    assert seen == [2, 2, 2]
+    assert torch.equal(a, x * 2) and torch.equal(b, x + 1)
+    with pytest.raises(ChunkError, match="not divisible"):
+        EagerChunked(Probe(), 0, 4)(x)
+    with pytest.raises(ValueError, match="num_chunks"):
+        EagerChunked(Probe(), 0, 1)

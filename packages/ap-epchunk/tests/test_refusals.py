@@ -1,0 +1,102 @@
+"""Every refusal raises ChunkError naming the node/reason and leaves the graph unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _epchunk_testlib import Stack, graph_snapshot, trace
+from torch import nn
+
+from ap_epchunk import ChunkConfig, ChunkError, chunk_pass
+
+D = 8
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [S, D], one sequence
+        q, k, v = self.qkv(x).split(x.shape[-1], dim=-1)
+        scores = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return scores @ v
+
+
+class TokenStats(nn.Module):
+    """Returns, besides the activation, a value reduced over the tokens (no chunk dim)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc(x)
+        return h, h.amax(dim=0)
+
+
+class StatsModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([TokenStats(D)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, peak = self.layers[0](x)
+        return h * peak
+
+
+def _refuses(gm: torch.fx.GraphModule, config: ChunkConfig, match: str) -> ChunkError:
+    before = graph_snapshot(gm)
+    with pytest.raises(ChunkError, match=match) as info:
+        chunk_pass(gm, config)
+    assert graph_snapshot(gm) == before
+    return info.value
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
+def test_sequence_chunking_across_attention(symbolic: bool) -> None:
+    torch.manual_seed(0)
+    model = Stack(D, 1, Attention)
+    x, y = torch.randn(8, D), torch.randn(8, D)
+    gm = trace(model, x, y, symbolic=symbolic)
+    cfg = ChunkConfig(module_patterns=("layers.*",),
+                      chunk_inputs=() if symbolic else ("x_1", "y_1"))
+    err = _refuses(gm, cfg, "sequence chunking across attention is not supported: in region "
+                            "'layers.0'")
+    assert err.node_name is not None
+
+
+def test_value_without_chunk_dim_escaping_to_full_users() -> None:
+    torch.manual_seed(0)
+    model = StatsModel()
+    x, y = torch.randn(8, D), torch.randn(8, D)
+    gm = trace(model, x, y, symbolic=True)
+    err = _refuses(gm, ChunkConfig(module_patterns=("layers.*",)),
+                   "value without the chunk dim escapes region 'layers.0'")
+    assert err.node_name == "amax"
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
+def test_chunk_extent_not_divisible(symbolic: bool) -> None:
+    model = Stack(D, 1)
+    x, y = torch.randn(6, D), torch.randn(6, D)
+    gm = trace(model, x, y, symbolic=symbolic)
+    cfg = ChunkConfig(module_patterns=("layers.*",), num_chunks=4,
+                      chunk_inputs=() if symbolic else ("x_1", "y_1"))
+    err = _refuses(gm, cfg, "not divisible by num_chunks=4")
+    assert err.node_name == "x_1"
+
+
+def test_no_region_matched() -> None:
+    model = Stack(D, 1)
+    gm = trace(model, torch.randn(8, D), torch.randn(8, D), symbolic=True)
+    _refuses(gm, ChunkConfig(module_patterns=("blocks.*",)),
+             r"no region matched module_patterns \['blocks.\*'\].*layers")
+
+
+def test_no_chunk_dimension_and_unknown_chunk_input() -> None:
+    model = Stack(D, 1)
+    gm = trace(model, torch.randn(8, D), torch.randn(8, D), symbolic=False)
+    _refuses(gm, ChunkConfig(module_patterns=("layers.*",)), "no chunk dimension")
+    _refuses(gm, ChunkConfig(module_patterns=("layers.*",), chunk_inputs=("tokens",)),
+             "chunk_inputs names no placeholder")
