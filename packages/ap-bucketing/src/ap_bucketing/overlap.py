@@ -205,4 +205,3 @@ def overlap_config_patches(
         "post_grad_custom_post_pass": bucketing_pass,
         "aten_distributed_optimizations.enable_overlap_scheduling": False,
     }
-

@@ -68,6 +68,16 @@ class GraphBuilder:
         ar = self._call(_c10d.all_reduce.default, (x, "sum", group), val)
         return ar, self._call(_c10d.wait_tensor.default, (ar,), val)
 
+    def call(
+        self,
+        target: object,
+        args: tuple[object, ...],
+        shape: Sequence[int],
+        dtype: torch.dtype | None = None,
+    ) -> fx.Node:
+        """Any ``call_function`` node with a ``meta['val']`` of ``shape``."""
+        return self._call(target, args, self._val(shape, dtype))
+
     def relu(self, x: fx.Node) -> fx.Node:
         return self._call(_aten.relu.default, (x,), self._val(x.meta["val"].shape))
 
@@ -109,10 +119,8 @@ def interleaved_fsdp_graph(
         for i in range(compute_per_layer):
             if i % 3 == 0:
                 w = gathered[rng.randrange(len(gathered))]
-                x = b.relu(b.mm(x, b._call(_aten.t.default, (w,), b._val((width, 8 * shard_rows)))))
-                x = b._call(
-                    _aten.slice.Tensor, (x, 1, 0, width), b._val((32, width))
-                )
+                x = b.relu(b.mm(x, b.call(_aten.t.default, (w,), (width, 8 * shard_rows))))
+                x = b.call(_aten.slice.Tensor, (x, 1, 0, width), (32, width))
             else:
                 x = b.relu(x)
         outputs.append(x)
