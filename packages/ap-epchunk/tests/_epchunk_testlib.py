@@ -9,10 +9,9 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
+from ap_epchunk import EagerChunked, mark_chunk_dim, trace_joint
 from ap_tags import annotate_module_fqns
 from torch import nn
-
-from ap_epchunk import EagerChunked, mark_chunk_dim, trace_joint
 
 
 class MLP(nn.Module):

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 from _epchunk_testlib import GraphBuilder, graph_snapshot
-
 from ap_epchunk import ChunkError, concretize_chunk_symbols
 from ap_epchunk.passes import CHUNK_SYMBOLS_META
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from ap_epchunk import ChunkConfig, ChunkError, EagerChunked, mark_chunk_dim
+from torch import nn
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from _epchunk_testlib import Stack, graph_snapshot, run_eager_chunked, run_graph, trace
-from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
-
 from ap_epchunk import ChunkConfig, chunk_pass, concretize_chunk_symbols
+from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
 
 aten = torch.ops.aten
 D, LAYERS = 8, 2

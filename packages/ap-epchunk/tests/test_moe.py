@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _epchunk_testlib import MoEBlock, Stack, run_eager_chunked, run_graph, trace
-
 from ap_epchunk import ChunkConfig, chunk_pass, concretize_chunk_symbols
 
 aten = torch.ops.aten

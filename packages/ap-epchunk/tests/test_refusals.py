@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from _epchunk_testlib import Stack, graph_snapshot, trace
-from torch import nn
-
 from ap_epchunk import ChunkConfig, ChunkError, chunk_pass
+from torch import nn
 
 D = 8
 

@@ -6,7 +6,6 @@ import operator
 
 import torch
 from _epchunk_testlib import GraphBuilder
-
 from ap_epchunk import ChunkConfig, chunk_pass, concretize_chunk_symbols
 
 aten = torch.ops.aten

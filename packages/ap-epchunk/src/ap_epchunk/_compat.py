@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -83,15 +83,15 @@ def optimization_hint(shape_env: ShapeEnv, symbol: sympy.Symbol) -> int | None:
 def shape_env_of(value: Any) -> ShapeEnv | None:
     """The ShapeEnv behind a SymInt/SymFloat/SymBool or a FakeTensor with symbolic sizes."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        env: ShapeEnv = value.node.shape_env
+        env: ShapeEnv | None = value.node.shape_env
         return env
     if isinstance(value, torch.Tensor):
         for s in (*value.shape, *value.stride()):
             if isinstance(s, torch.SymInt):
-                env2: ShapeEnv = s.node.shape_env
+                env2: ShapeEnv | None = s.node.shape_env
                 return env2
         fake_mode = getattr(value, "fake_mode", None)
         if fake_mode is not None and fake_mode.shape_env is not None:
-            env3: ShapeEnv = fake_mode.shape_env
+            env3: ShapeEnv | None = fake_mode.shape_env
             return env3
     return None

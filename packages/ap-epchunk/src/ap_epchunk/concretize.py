@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
 
@@ -146,7 +146,7 @@ def _concretize_graph(gm: torch.fx.GraphModule, sub: _Substitution, rep: Concret
     for node, const in constants.items():
         for user in list(node.users):
             user.args, user.kwargs = torch.fx.node.map_arg(
-                (user.args, user.kwargs), lambda a, n=node, c=const: c if a is n else a
+                (user.args, user.kwargs), _replacer(node, const)
             )
         rep.folded += 1
     for node in reversed(list(gm.graph.nodes)):
@@ -159,6 +159,13 @@ def _concretize_graph(gm: torch.fx.GraphModule, sub: _Substitution, rep: Concret
             rep.erased += 1
     gm.graph.lint()
     gm.recompile()
+
+
+def _replacer(node: torch.fx.Node, const: Any) -> Any:
+    def one(a: torch.fx.Node) -> Any:
+        return const if a is node else a
+
+    return one
 
 
 def _assert_true(node: torch.fx.Node) -> set[torch.fx.Node]:

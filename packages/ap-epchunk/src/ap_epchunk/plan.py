@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
 

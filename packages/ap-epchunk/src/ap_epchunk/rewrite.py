@@ -199,10 +199,9 @@ class _Rewriter:
         prev = full
         for p in m.chain:
             args, kwargs = self.orig[p][0], self.orig[p][1]
-            pred = args[0]
-            new_args = (prev, *args[1:])
-            assert isinstance(pred, torch.fx.Node)
+            new_args = (prev, *args[1:])  # the chain runs through each node's first input
             new_kwargs = dict(kwargs)
+            assert callable(p.target)
             with self.graph.inserting_after(self.copies[p][-1]):
                 replay = self.graph.call_function(p.target, new_args, new_kwargs)
             replay._rename(f"{self.orig[p][3]}_full")

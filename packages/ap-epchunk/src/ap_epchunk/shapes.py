@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -195,8 +195,9 @@ class StaticShapes(ChunkShapes):
                 args, kwargs = self._rewrite_shapes(node)
                 self.args[node] = (args, kwargs)
                 vals = torch.fx.node.map_arg((args, kwargs), self._val)
+                assert callable(node.target)
                 with mode:
-                    self.probe[node] = node.target(*vals[0], **vals[1])  # type: ignore[operator]
+                    self.probe[node] = node.target(*vals[0], **vals[1])
             except Exception as exc:  # noqa: BLE001 - any failure makes the value unknown
                 self.failed[node] = f"{type(exc).__name__}: {exc}".splitlines()[0]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 
 from ._compat import shape_env_of
@@ -54,6 +54,7 @@ def subst_scalar(value: Any, mapping: SymMap) -> Any:
         return value
     new = expr.xreplace(dict(mapping))
     env = value.node.shape_env
+    assert env is not None, f"symbolic value {value} has no ShapeEnv"
     if isinstance(value, torch.SymBool):
         if new in (sympy.true, sympy.false) or isinstance(new, bool):
             return bool(new)

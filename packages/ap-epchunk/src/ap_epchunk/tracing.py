@@ -60,7 +60,7 @@ def backward_provenance() -> Iterator[None]:
 
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         _install_backward_meta_hooks(self)
-        return orig_backward(self, *args, **kwargs)
+        return orig_backward(self, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     torch.autograd.grad = grad
     torch.Tensor.backward = backward  # type: ignore[method-assign]
