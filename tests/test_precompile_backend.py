@@ -92,6 +92,16 @@ def test_lazy_backward_compile_sees_overlap_settings(
         return original(gm, example_inputs, **kwargs)
 
     monkeypatch.setattr(cfx, "compile_fx_inner", spy)
+    import ap_backend._artifacts as artifacts
+
+    emitted: list[str] = []
+    real_trace = artifacts.trace_structured
+
+    def capture(kind: str, metadata_fn: Any = dict, **kw: Any) -> None:
+        emitted.append(metadata_fn()["name"])
+        real_trace(kind, metadata_fn=metadata_fn, **kw)
+
+    monkeypatch.setattr(artifacts, "trace_structured", capture)
     module = _OneLinear()
     backend = autoparallel_backend(overlap_scheduling=True, bucketing=bucketing)
     loss = torch.compile(module, backend=backend)(torch.randn(4, 16))
@@ -99,7 +109,9 @@ def test_lazy_backward_compile_sees_overlap_settings(
     loss.backward()  # outside every scope the backend entered
     assert [s["is_backward"] for s in seen] == [False, True]
     bw = seen[1]
+    assert {"ap_partition_report", "ap_saved_activations"} <= set(emitted)
     if bucketing:
+        assert "ap_bucketing_stats" in emitted
         assert bw["post_pass"] == "OverlapBucketingPass"
         assert len(backend.bucketing_stats) >= 1
     else:

@@ -50,7 +50,7 @@ class AutoParallelBackend:
     * ``saved``: one :class:`SavedSummary` per joint partition (same measure as precompile's);
     * ``partition_reports``: ap-partitioner's reports;
     * ``bucketing_stats``: ap-bucketing's stats, forward and backward;
-    * ``chunk_reports``: ap-epchunk's reports;
+    * ``chunk_reports``: ap-epchunk's reports (one per chunked joint graph);
     * ``compile_seconds``: wall time of each backend call (forward + joint partition).
     """
 
@@ -66,6 +66,7 @@ class AutoParallelBackend:
             make_partitioner(options.partitioner, self._on_partition_report), self._on_saved
         )
         self._persistent_patches = self._config_patches()
+        self._ac_pass = ap_tags.ac_joint_pass(options.ac_stage_size_gib) if options.enable_ac else None
 
     # -- callbacks -----------------------------------------------------------------------------
     def _on_partition_report(self, report: Any) -> None:
@@ -97,10 +98,11 @@ class AutoParallelBackend:
             self.chunk_reports.append(report)
             emit_json("ap_chunk_report", report)
             emit_string("ap_chunk_after", gm.print_readable(print_output=False))
-        if opts.enable_ac:
-            out = ap_tags.ac_joint_pass(opts.ac_stage_size_gib)(gm, joint_inputs)
-            if isinstance(out, torch.fx.GraphModule):
-                gm = out
+        if self._ac_pass is not None:
+            gm = self._ac_pass(gm, joint_inputs)
+            reports = getattr(self._ac_pass, "reports", None)
+            if reports:
+                emit_json("ap_ac_stages", reports[-1])
         return gm
 
     # -- compile -------------------------------------------------------------------------------
