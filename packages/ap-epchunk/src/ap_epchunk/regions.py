@@ -11,14 +11,12 @@ entry. A region is every ``call_function`` node of one direction whose FQN equal
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch.fx
+from ap_tags import module_fqn
 from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
-
-_BRACKET = re.compile(r"\[['\"]?([^\]'\"]+)['\"]?\]")
 
 
 @dataclass(frozen=True)
@@ -34,26 +32,10 @@ def is_backward(node: torch.fx.Node) -> bool:
     return bool(node.meta.get("autograd_backward", False))
 
 
-def _stack_fqn(node: torch.fx.Node) -> str | None:
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
-    if not isinstance(path, str):
-        return None
-    path = _BRACKET.sub(r".\1", path)
-    for prefix in ("L.self.", "L['self'].", "self."):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-    return path.strip(".") or None
-
-
 def _custom_fqn(node: torch.fx.Node) -> str | None:
     custom = node.meta.get(CUSTOM)
-    if isinstance(custom, dict):
-        fqn = custom.get(MODULE_FQN)
-        if isinstance(fqn, str) and fqn:
-            return fqn
+    if isinstance(custom, dict) and MODULE_FQN in custom:
+        return module_fqn(node)  # validates the type
     return None
 
 
@@ -62,9 +44,7 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     fqns: dict[torch.fx.Node, str] = {}
     by_seq: dict[int, str] = {}
     for node in graph.nodes:
-        fqn = _custom_fqn(node)
-        if fqn is None and not is_backward(node):
-            fqn = _stack_fqn(node)
+        fqn = _custom_fqn(node) if is_backward(node) else module_fqn(node)
         if fqn is not None:
             fqns[node] = fqn
             seq = node.meta.get("seq_nr")
@@ -76,7 +56,7 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
         seq = node.meta.get("seq_nr")
         fqn = by_seq.get(seq) if isinstance(seq, int) else None
         if fqn is None:
-            fqn = _stack_fqn(node)
+            fqn = module_fqn(node)  # innermost nn_module_stack entry
         if fqn is not None:
             fqns[node] = fqn
     return fqns
