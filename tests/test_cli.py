@@ -65,17 +65,19 @@ def test_demo_subprocess_table_agrees_with_json(tmp_path: Path) -> None:
         ("first_partition", "first partition (default)"),
         ("save_all", "SaveAll (backend)"),
         ("min_cut_ac", "min-cut + AC"),
+        ("min_cut_ac_untagged", "min-cut + AC, no first compile"),
     ]:
         count, nbytes = re.fullmatch(
             r"(\d+) \(([\d,]+) B\)", _table_value(table, f"saved activations: {label}")
         ).groups()  # type: ignore[union-attr]
         assert int(count) == data["saved"][key]["count"]
         assert int(nbytes.replace(",", "")) == data["saved"][key]["bytes"]
-    ag = _table_value(table, "all-gather outputs saved (first / SaveAll / min-cut+AC)")
+    ag = _table_value(table, "all-gather outputs saved (first / SaveAll / min-cut+AC / untagged)")
     assert [int(x) for x in ag.split(" / ")] == [
         data["saved"][k]["all_gather_outputs_saved"]
-        for k in ("first_partition", "save_all", "min_cut_ac")
+        for k in ("first_partition", "save_all", "min_cut_ac", "min_cut_ac_untagged")
     ]
+    assert data["saved"]["save_all"]["all_gather_outputs_saved"] == 0
     assert int(_table_value(table, "buckets formed (fw + bw)")) == data["buckets_formed"]
     assert data["saved"]["save_all"]["count"] == data["saved"]["first_partition"]["count"]
     assert data["mismatches"] == 0

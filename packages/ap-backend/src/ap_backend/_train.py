@@ -13,8 +13,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import ap_tags
 import torch
 from torch import nn
 
@@ -35,6 +36,9 @@ class Variant:
     name: str
     backend_kwargs: dict[str, Any] = field(default_factory=dict)
     backend: str = "autoparallel"
+    #: also run the AC staging pass in the first compilation (as AutoParallel's own tests do),
+    #: with the backend's ``ac_stage_size_gib``
+    first_compile_ac: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class TrainSpec:
     lr: float = 0.05
     gather_dtype: str | None = None
     measure_min_cut_ac: bool = False
+    #: AC stage size for the min-cut + AC measurements
+    min_cut_ac_stage_gib: float | Literal["auto"] = "auto"
     rtol: float = 1e-5
     atol: float = 1e-6
     progress: bool = False
@@ -147,10 +153,19 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
             result["variants"][variant.name] = out
         if spec.measure_min_cut_ac:
             torch._dynamo.reset()
-            _say(spec, rank, "measuring min-cut + AC saved set")
+            _say(spec, rank, "measuring min-cut + AC saved sets (tagged and untagged)")
+            stage = spec.min_cut_ac_stage_gib
             model = Transformer(spec.model, sharding)
-            pm = precompile(model, batches[0])
-            result["min_cut_ac"] = measure_saved(pm, batches[0]).to_dict()
+            first_ac = any(v.first_compile_ac for v in spec.variants)
+            pm = precompile(
+                model, batches[0], joint_pass=ap_tags.ac_joint_pass(stage) if first_ac else None
+            )
+            result["min_cut_ac"] = measure_saved(pm, batches[0], ac_stage_size_gib=stage).to_dict()
+            torch._dynamo.reset()
+            plain = Transformer(spec.model, sharding)
+            result["min_cut_ac_untagged"] = measure_saved(
+                plain, batches[0], ac_stage_size_gib=stage
+            ).to_dict()
     return result
 
 
@@ -176,7 +191,11 @@ def _run_variant(
     model = Transformer(spec.model, sharding)
     if variant.backend == "autoparallel":
         t0 = time.perf_counter()
-        pm = precompile(model, batches[0])
+        joint_pass = None
+        if variant.first_compile_ac:
+            stage = variant.backend_kwargs.get("ac_stage_size_gib", "auto")
+            joint_pass = ap_tags.ac_joint_pass(stage)
+        pm = precompile(model, batches[0], joint_pass=joint_pass)
         out["precompile_s"] = time.perf_counter() - t0
         out["first_partition"] = pm.first_partition.to_dict()
         backend = autoparallel_backend(**_with_token_chunk_input(variant.backend_kwargs, model))
