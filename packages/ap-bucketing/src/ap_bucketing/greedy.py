@@ -56,15 +56,13 @@ def _candidates(
 ) -> tuple[dict[fx.Node, int], list[fx.Node], list[fx.Node]]:
     """Rank snapshot of every node, the nodes in rank order, and the eligible collectives in
     wait order (deduplicated: a collective with two waits is considered once)."""
-    wait = _compat.wait_tensor_op()
-    ranks: dict[fx.Node, int] = {}
-    order: list[fx.Node] = []
+    order: list[fx.Node] = list(graph.nodes)
+    ranks: dict[fx.Node, int] = dict(zip(order, range(len(order)), strict=True))
     ordered: list[fx.Node] = []
     seen: set[fx.Node] = set()
-    for index, node in enumerate(graph.nodes):
-        ranks[node] = index
-        order.append(node)
-        if node.op != "call_function" or node.target is not wait or not node.args:
+    # find_nodes uses the graph's op/target index and returns nodes in graph order.
+    for node in graph.find_nodes(op="call_function", target=_compat.wait_tensor_op()):
+        if not node.args:
             continue
         coll = node.args[0]
         if not isinstance(coll, fx.Node) or coll in seen or not filter_node(coll):

@@ -10,7 +10,7 @@ FSDP all-gathers, ties going to the group seen first, and ``group_size`` comes f
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -31,42 +31,12 @@ def _all_gathers(graph: fx.Graph) -> list[fx.Node]:
     return found
 
 
-def _single_placeholder_ancestor(graph: fx.Graph, wanted: Iterable[fx.Node]) -> set[fx.Node]:
-    """The subset of ``wanted`` whose ancestry holds exactly one placeholder.
-
-    Same predicate as torch's ``fsdp.is_fsdp_all_gather`` (a parameter, optionally cast or
-    padded, then gathered), computed in one topological sweep that keeps at most two
-    placeholder ancestors per node, instead of one backward BFS per all-gather.
-    """
-    wanted_set = set(wanted)
-    remaining = len(wanted_set)
-    ancestors: dict[fx.Node, tuple[fx.Node, ...]] = {}
-    result: set[fx.Node] = set()
-    for node in graph.nodes:
-        if remaining == 0:
-            break
-        if node.op == "placeholder":
-            ancestors[node] = (node,)
-        else:
-            seen: list[fx.Node] = []
-            for inp in node.all_input_nodes:
-                for ph in ancestors.get(inp, ()):
-                    if ph not in seen:
-                        seen.append(ph)
-                if len(seen) > 1:
-                    break
-            ancestors[node] = tuple(seen[:2])
-        if node in wanted_set:
-            remaining -= 1
-            if len(ancestors[node]) == 1:
-                result.add(node)
-    return result
-
-
 def _fsdp_all_gathers(gm: fx.GraphModule) -> list[fx.Node]:
-    ags = _all_gathers(gm.graph)
-    fsdp_like = _single_placeholder_ancestor(gm.graph, ags)
-    return [n for n in ags if n in fsdp_like]
+    """All-gathers of exactly one placeholder (a parameter, optionally cast or padded): torch's
+    own ``fsdp.is_fsdp_all_gather`` predicate, so both agree on what "FSDP" means. It walks
+    backwards only until a second placeholder shows up, so FSDP chains cost O(chain)."""
+    is_fsdp_all_gather = _compat.attr(_compat.FSDP_MODULE, "is_fsdp_all_gather")
+    return [n for n in _all_gathers(gm.graph) if is_fsdp_all_gather(n)]
 
 
 def fsdp_group_counts(gm: fx.GraphModule) -> dict[Hashable, tuple[int, int | None]]:
