@@ -101,6 +101,8 @@ def trace_joint(step: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
     require_internals()
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     fake_args = _fakeify(args, fake_mode)
-    with backward_provenance(), fx_traceback.preserve_node_meta():
+    # make_fx runs under the inputs' fake mode so factory ops inside ``step`` are fake too;
+    # on torch 2.13 this is what needs the pending-symbol fix (see ``_compat``)
+    with backward_provenance(), fx_traceback.preserve_node_meta(), fake_mode:
         gm = make_fx(step, tracing_mode="real")(*fake_args)
     return gm
