@@ -7,7 +7,7 @@ numerical reference; ``trace_joint`` traces a training step into a joint graph w
 metadata the pass reads.
 """
 
-from .concretize import concretize_chunk_symbols
+from .concretize import ConcretizeReport, concretize_chunk_symbols
 from .config import ChunkConfig, ChunkReport, RegionSummary
 from .eager import EagerChunked
 from .errors import ChunkError
@@ -21,6 +21,7 @@ __all__ = [
     "ChunkConfig",
     "ChunkError",
     "ChunkReport",
+    "ConcretizeReport",
     "EagerChunked",
     "RegionSummary",
     "__version__",
