@@ -1,0 +1,46 @@
+"""CLI parsing and the demo table rendering (no ranks spawned)."""
+
+from __future__ import annotations
+
+import pytest
+from ap_backend._demo import DemoOptions, render_table
+from ap_backend.cli import main
+
+
+@pytest.mark.parametrize("argv", [["demo", "--steps", "0"], ["demo", "--ranks", "3"], ["nope"], []])
+def test_bad_arguments_exit_2_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ap-backend")
+
+
+def test_version_prints_six_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "ap-tags", "ap-partitioner", "ap-bucketing", "ap-epchunk", "ap-backend", "torch"
+    ]
+
+
+def test_table_renders_every_number_of_the_summary() -> None:
+    saved = {"count": 3, "bytes": 1234, "all_gather_outputs_saved": 0}
+    summary = {
+        "options": DemoOptions().__dict__,
+        "steps": [{"step": 1, "loss_eager": 1.5, "loss_compiled": 1.25, "abs_diff": 0.25}],
+        "max_grad_rel_diff": 1e-7,
+        "saved": {
+            "first_partition": saved,
+            "save_all": saved,
+            "min_cut_ac": {**saved, "count": 2},
+            "min_cut_ac_untagged": {**saved, "all_gather_outputs_saved": 7},
+        },
+        "buckets_formed": 4,
+        "compile_s": {"precompile": 1.0, "backend": 2.0, "first_step": 3.0},
+    }
+    table = render_table(summary)
+    assert "| step 1 loss eager / compiled" in table and "1.500000 / 1.250000" in table
+    assert "3 (1,234 B)" in table and "2 (1,234 B)" in table
+    assert "0 / 0 / 0 / 7" in table
+    assert "| buckets formed (fw + bw)" in table and "| 4 " in table

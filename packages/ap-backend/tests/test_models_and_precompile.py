@@ -1,0 +1,75 @@
+"""Model kit structure and the first compilation on the fake PG (structure only: fake-PG data
+is garbage, so no numbers are asserted)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch._dynamo
+import torch.distributed as dist
+from ap_backend import is_all_gather_output, precompile
+from ap_backend.models import ModelConfig, Sharding, Transformer, shard_param
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+
+@pytest.fixture()
+def world() -> Iterator[None]:
+    torch._dynamo.reset()
+    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+
+
+def test_parameters_are_dim0_shards_and_grads_come_back_sharded(world: None) -> None:
+    model = Transformer(ModelConfig(n_layers=1, moe=True), Sharding.from_world())
+    full = Transformer(ModelConfig(n_layers=1, moe=True), Sharding("", 1, 0))
+    for (name, p), (_, q) in zip(model.named_parameters(), full.named_parameters(), strict=True):
+        assert p.shape[0] * 8 == q.shape[0], name
+    model(*model.example_batch(0, 0)).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.shape == p.shape, name
+    assert any(".moe." in n for n, _ in model.named_parameters())
+
+
+def test_shard_param_rejects_uneven_dim0() -> None:
+    with pytest.raises(ValueError, match="does not divide by world size 8"):
+        shard_param(torch.zeros(12, 3), Sharding("g", 8, 0))
+
+
+@pytest.mark.parametrize("gather_dtype", [None, torch.bfloat16])
+def test_precompile_tags_every_fsdp_chain_and_saves_no_gathered_weight(
+    world: None, gather_dtype: torch.dtype | None
+) -> None:
+    model = Transformer(ModelConfig(n_layers=1, attention="matmul"), Sharding.from_world(gather_dtype))
+    batch = model.example_batch(0, 0)
+    pm = precompile(model, batch)
+    assert len(pm.fsdp_report.chains) == len(list(model.parameters()))
+    if gather_dtype is not None:  # the cast before the all-gather is part of the chain
+        assert all(chain.casts for chain in pm.fsdp_report.chains)
+    assert pm.first_partition.count > 0
+    assert pm.first_partition.all_gather_outputs == ()
+    loss = pm(*batch)  # the first compilation's callable runs eagerly too
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_precompile_without_reshard_saves_gathered_weights(world: None) -> None:
+    model = Transformer(ModelConfig(n_layers=1, attention="matmul"), Sharding.from_world())
+    pm = precompile(model, model.example_batch(0, 0), reshard_after_forward=False)
+    assert len(pm.first_partition.all_gather_outputs) > 0
+
+
+def test_is_all_gather_output_follows_views_only() -> None:
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    ag = g.call_function(torch.ops._c10d_functional.all_gather_into_tensor.default, (x, 2, "0"))
+    wait = g.call_function(torch.ops._c10d_functional.wait_tensor.default, (ag,))
+    t = g.call_function(torch.ops.aten.t.default, (wait,))
+    relu = g.call_function(torch.ops.aten.relu.default, (t,))
+    assert is_all_gather_output(wait) and is_all_gather_output(t)
+    assert not is_all_gather_output(relu) and not is_all_gather_output(x)
