@@ -158,6 +158,10 @@ class OverlapBucketingPass(CustomGraphPass):
             else:
                 pre_bucket = _compat.attr(_compat.FSDP_MODULE, "pre_bucket_fsdp_collectives")
                 pre_bucket(gm, bucket_cap_mb=self.config.bucket_cap_mb)
+                # Merging leaves consumers of early members ahead of the merged collective;
+                # the scheduler would reorder them, so without it sort here.
+                sort = _compat.attr("torch._inductor.pattern_matcher", "stable_topological_sort")
+                sort(graph)
         after = max_consec_compute_between_rs(graph)
         self.reports.append({"max_consec_compute_between_rs": (before, after)})
         log.info(

@@ -143,3 +143,37 @@ def all_gather_bucketing_args(
         return cap_mb
 
     return gm, cap_fn, bucketing.is_all_gather_into_tensor, bucketing._ag_group_key
+
+
+def backward_like_graph(layers: int, group: str, dim: int = 64, tokens: int = 64) -> fx.GraphModule:
+    """A backward-like FSDP graph: per layer (last to first) re-gather the weight, two matmuls,
+    reduce-scatter the weight gradient to the output. Values are CPU fake tensors, because
+    torch's bucket merging traces through fake mode; ``group`` must name a real (or fake)
+    process group when the graph is merged or scheduled."""
+    b = GraphBuilder(dtype=torch.float32)
+    grad = b.placeholder((tokens, dim))
+    acts = [b.placeholder((tokens, dim)) for _ in range(layers)]
+    shards = [b.placeholder((dim // 8, dim)) for _ in range(layers)]
+    outputs: list[fx.Node] = []
+    for layer in reversed(range(layers)):
+        _, weight = b.all_gather(shards[layer], group=group, group_size=8)
+        grad_in = b.mm(grad, weight)
+        grad_t = b.call(_aten.t.default, (grad,), (dim, tokens))
+        grad_w = b.mm(grad_t, acts[layer])
+        _, grad_shard = b.reduce_scatter(grad_w, group=group, group_size=8)
+        outputs.append(grad_shard)
+        grad = b.relu(grad_in)
+    gm = b.module([*outputs, grad])
+    _fakeify(gm)
+    return gm
+
+
+def _fakeify(gm: fx.GraphModule) -> None:
+    """Swap meta-device values for CPU fake tensors: bucket merging traces through fake mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            node.meta["val"] = mode.from_tensor(torch.empty(val.shape, dtype=val.dtype))
