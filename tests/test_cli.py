@@ -79,5 +79,6 @@ def test_demo_subprocess_table_agrees_with_json(tmp_path: Path) -> None:
     ]
     assert data["saved"]["save_all"]["all_gather_outputs_saved"] == 0
     assert int(_table_value(table, "buckets formed (fw + bw)")) == data["buckets_formed"]
-    assert data["saved"]["save_all"]["count"] == data["saved"]["first_partition"]["count"]
+    # The AC pass in the second compile may only *add* stage-boundary saves to the replay.
+    assert data["saved"]["save_all"]["count"] >= data["saved"]["first_partition"]["count"]
     assert data["mismatches"] == 0
