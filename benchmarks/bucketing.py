@@ -14,6 +14,7 @@ Run: ``uv run python -m benchmarks.bucketing [--quick]``.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import sys
@@ -33,12 +34,21 @@ CAP_MB = 64.0
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time; the cyclic GC is paused while timing (as ``timeit`` does), since its
+    collections on 10^5-node graphs land on whichever run happens to allocate past a threshold."""
     fn()  # warm-up
     times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return statistics.median(times)
 
 

@@ -113,3 +113,14 @@ def test_concurrent_patched_blocks_restore_exactly() -> None:
     assert not errors
     assert all(p is o for p, o in zip(_torch_functions(), originals, strict=True))
     assert "ap_bucketing" not in torch.compiler.config.cache_key_tag
+
+
+def test_a_reference_grabbed_while_patched_falls_back_to_torch_after_uninstall() -> None:
+    with patched(BucketingConfig()):
+        grabbed_greedy = torch_bucketing.greedy_bucket_collective_by_mb
+    b = GraphBuilder()
+    waits = [b.all_gather(b.placeholder((4, 8)), group=g)[1] for g in ["dp", "tp", "dp"]]
+    gm = b.module(waits)
+    with collect_stats() as stats:
+        assert grabbed_greedy(*ag_args(gm)) == []  # torch's adjacency behaviour
+    assert stats == []  # not our bucketer

@@ -106,18 +106,18 @@ def _apply_locked() -> None:
 
 
 def _restore_locked() -> None:
+    # ``_originals`` is kept after restoring: a caller that grabbed a reference to a
+    # replacement while patched still reaches torch's function through the fallback.
     for mod, name, replacement in _sites():
-        if name not in _originals:
+        if name not in _originals or getattr(mod, name) is not replacement:
+            if name in _originals and getattr(mod, name) is not _originals[name]:
+                log.warning(
+                    "ap_bucketing: %s.%s was replaced by someone else while patched; leaving it",
+                    mod.__name__,
+                    name,
+                )
             continue
-        if getattr(mod, name) is replacement:
-            setattr(mod, name, _originals.pop(name))
-        else:
-            log.warning(
-                "ap_bucketing: %s.%s was replaced by someone else while patched; leaving it",
-                mod.__name__,
-                name,
-            )
-            _originals.pop(name)
+        setattr(mod, name, _originals[name])
 
 
 def _strip_tag(tag: str) -> str:
