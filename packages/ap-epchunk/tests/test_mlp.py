@@ -109,3 +109,23 @@ def test_chunk_values_are_symbolic_halves_until_concretized() -> None:
     concretize_chunk_symbols(gm)
     assert graph_snapshot(gm) != snapshot
     assert addmm0.meta["val"].shape[0] == 4
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
+def test_batch_chunking_through_flattening_views(symbolic: bool) -> None:
+    # [B, S, D] inputs: nn.Linear flattens to [B*S, D] and back, so the chunk dim must be
+    # carried through view/_unsafe_view shape lists (static) or symbolic sizes (unbacked)
+    torch.manual_seed(0)
+    model = Stack(D, 2)
+    x, y = torch.randn(4, 3, D), torch.randn(4, 3, D)
+    gm = trace(model, x, y, symbolic=symbolic)
+    unchunked, _ = run_graph(gm, model, x, y)
+    chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=False,
+                               chunk_inputs=() if symbolic else ("x_1", "y_1")))
+    if symbolic:
+        concretize_chunk_symbols(gm)
+    out, _ = run_graph(gm, model, x, y)
+    eager, _ = run_eager_chunked(model, "layers", None, x, y, 2)
+    for got, want, full in zip(out, eager, unchunked, strict=True):
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6)
