@@ -135,6 +135,13 @@ def _plan_body(
                         node,
                     )
         if influenced:
+            if node in plan.split_dim or node in plan.scalars:
+                raise ChunkError(
+                    f"region {region.root!r} ({'backward' if region.backward else 'forward'}) "
+                    "computes a value an earlier-starting region already consumed as a live-in; "
+                    "interleaved regions are not supported",
+                    node,
+                )
             _check_body_node(node, region.root, shapes)
             body.add(node)
             rp.body.append(node)
@@ -290,7 +297,17 @@ def make_plan(
             "the matched regions contain no node influenced by the chunk dimension: "
             + ", ".join(sorted({f"{r.root} ({'bw' if r.backward else 'fw'})" for r in regions}))
         )
+    order = {id(rp): i for i, rp in enumerate(plan.regions)}
     for rp in plan.regions:
+        for node in rp.body:
+            for user in node.users:
+                owner = plan.owner.get(user)
+                if owner is not None and order[id(owner)] < order[id(rp)]:
+                    raise ChunkError(
+                        f"region {owner.root!r} starts before region {rp.root!r} but consumes "
+                        "its value; interleaved regions are not supported",
+                        node,
+                    )
         _plan_live_outs(rp, plan, shapes, early_grad_accumulation)
     return plan
 
