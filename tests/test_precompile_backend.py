@@ -1,6 +1,6 @@
 """Two-stage compile on the fake PG (structure only): the tags of the first compilation reach
 the second, so SaveAll reproduces the first partition's saved set and saves no all-gather
-output;."""
+output."""
 
 from __future__ import annotations
 
