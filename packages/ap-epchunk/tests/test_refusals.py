@@ -99,3 +99,17 @@ def test_no_chunk_dimension_and_unknown_chunk_input() -> None:
     _refuses(gm, ChunkConfig(module_patterns=("layers.*",)), "no chunk dimension")
     _refuses(gm, ChunkConfig(module_patterns=("layers.*",), chunk_inputs=("tokens",)),
              "chunk_inputs names no placeholder")
+
+
+def test_interleaved_regions() -> None:
+    from _epchunk_testlib import GraphBuilder
+
+    aten = torch.ops.aten
+    b = GraphBuilder()
+    x = b.placeholder("x", b.fake(b.unbacked(8), 3))
+    a1 = b.op(aten.relu.default, x, fqn="layers.0")
+    b1 = b.op(aten.neg.default, a1, fqn="layers.1")
+    a2 = b.op(aten.exp.default, b1, fqn="layers.0")  # layers.0 resumes after layers.1
+    gm = b.module(a2)
+    err = _refuses(gm, ChunkConfig(module_patterns=("layers.*",)), "interleaved regions")
+    assert err.node_name == "neg_default"
