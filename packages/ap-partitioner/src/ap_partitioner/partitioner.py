@@ -26,9 +26,24 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ap_partitioner import _compat
+from ap_partitioner.args import (
+    check_bool,
+    check_call,
+    check_callback,
+    check_count,
+    check_module,
+    release_unsatisfiable_recompute,
+    sanitize_tags,
+    working_copy,
+)
 from ap_partitioner.cut import blocked_by_recompute_tag, missing_values
 from ap_partitioner.dce import wait_tensor_dce
-from ap_partitioner.prologue import Prologue, run_epilogue, run_prologue
+from ap_partitioner.prologue import (
+    Prologue,
+    run_epilogue,
+    run_prologue,
+    save_effectful_instead_of_recompute,
+)
 from ap_partitioner.report import (
     PartitionReport,
     ReportCallback,
@@ -61,19 +76,6 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-def _pop_partition_kwargs(kwargs: dict[str, Any]) -> tuple[int, list[int], str]:
-    """The kwargs Inductor/AOTAutograd pass: ``num_fwd_outputs`` (required),
-    ``static_lifetime_input_indices`` and ``compiler`` (not accepted by ``default_partition``)."""
-    if "num_fwd_outputs" not in kwargs:
-        raise TypeError("partitioner call is missing the required keyword 'num_fwd_outputs'")
-    num_fwd_outputs = int(kwargs.pop("num_fwd_outputs"))
-    static = list(kwargs.pop("static_lifetime_input_indices", None) or [])
-    compiler = str(kwargs.pop("compiler", "inductor"))
-    if kwargs:
-        log.debug("ap-partitioner ignores partitioner kwargs %s", sorted(kwargs))
-    return num_fwd_outputs, static, compiler
-
-
 class SaveAllPartitioner(CustomPartitionerFn):
     """Save exactly the tagged values (see :mod:`ap_partitioner.rules`); set it as
     ``torch._inductor.config.custom_partitioner_fn`` or pass it as an AOT ``partition_fn``.
@@ -94,9 +96,10 @@ class SaveAllPartitioner(CustomPartitionerFn):
         *,
         dce_unused_waits: bool = True,
     ) -> None:
-        self.strict = strict
-        self.on_report = on_report
-        self.dce_unused_waits = dce_unused_waits
+        owner = type(self).__name__
+        self.strict = check_bool(owner, "strict", strict)
+        self.on_report = check_callback(owner, "on_report", on_report)
+        self.dce_unused_waits = check_bool(owner, "dce_unused_waits", dce_unused_waits)
 
     def uuid(self) -> str:
         """Changes with this package's code and with every option that changes the output.
@@ -110,7 +113,10 @@ class SaveAllPartitioner(CustomPartitionerFn):
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
     ) -> Partition:
-        num_fwd_outputs, static, compiler = _pop_partition_kwargs(kwargs)
+        gm, num_fwd_outputs, static, compiler = check_call(
+            type(self).__name__, gm, joint_inputs, kwargs
+        )
+        _compat.partitioners()  # an unsupported torch fails before anything runs
         start = time.perf_counter()
         scope = wait_tensor_dce() if self.dce_unused_waits else contextlib.nullcontext()
         with scope:
@@ -137,13 +143,16 @@ class SaveAllPartitioner(CustomPartitionerFn):
         mod = _compat.partitioners()
         try:
             ap_tags.validate_tags(gm.graph)
-        except ap_tags.TagError as exc:  # checked before the prologue touches the graph
+        except ap_tags.TagError as exc:
             if self.strict:
                 raise
+            clean = working_copy(gm)
+            sanitize_tags(clean, exc.problems)
             reason = f"malformed tags: {exc}"
-            return self._fallback(gm, joint_inputs, num_fwd_outputs, static, compiler,
+            return self._fallback(clean, joint_inputs, num_fwd_outputs, static, compiler,
                                   reason, [], ())
-        pro = run_prologue(gm, num_fwd_outputs)
+        # the replay works on a copy: a refusal leaves the caller's graph exactly as it was
+        pro = run_prologue(working_copy(gm), num_fwd_outputs)
         notes = tuple(f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged)
         info = mod.classify_nodes(pro.module, static, num_fwd_outputs)
         if len(info.required_bw_nodes) == 0:
@@ -160,14 +169,14 @@ class SaveAllPartitioner(CustomPartitionerFn):
         missing = missing_values(pro.module, plan, num_fwd_outputs)
         if missing:
             reason = self._missing_reason(pro.module, missing)
-            return self._fallback(pro.module, joint_inputs, num_fwd_outputs, static, compiler,
-                                  reason, missing, notes)
+            return self._fallback(working_copy(gm), joint_inputs, num_fwd_outputs, static,
+                                  compiler, reason, missing, notes)
         try:
             fw, bw = self._extract(pro, plan, info, num_fwd_outputs)
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
-            return self._fallback(pro.module, joint_inputs, num_fwd_outputs, static, compiler,
-                                  reason, [], notes, cause=exc)
+            return self._fallback(working_copy(gm), joint_inputs, num_fwd_outputs, static,
+                                  compiler, reason, [], notes, cause=exc)
         return fw, bw, {"notes": notes}
 
     @staticmethod
@@ -210,6 +219,10 @@ class SaveAllPartitioner(CustomPartitionerFn):
         if self.strict:
             raise ReplayError(f"SaveAllPartitioner(strict=True): {reason}", missing) from cause
         log.warning("ap-partitioner: %s; falling back to min-cut", reason)
+        save_effectful_instead_of_recompute(joint.graph)  # min-cut on 2.15 would raise
+        released = release_unsatisfiable_recompute(joint, missing)
+        if released:
+            notes = (*notes, f"MUST_RECOMPUTE dropped for the min-cut fallback: {', '.join(released)}")
         fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
             joint,
             joint_inputs,
@@ -233,7 +246,7 @@ class MinCutPartitioner(CustomPartitionerFn):
     name = "min_cut"
 
     def __init__(self, on_report: ReportCallback | None = None) -> None:
-        self.on_report = on_report
+        self.on_report = check_callback(type(self).__name__, "on_report", on_report)
 
     def uuid(self) -> str:
         return hashlib.sha256(f"{self.name};{source_hash()}".encode()).hexdigest()
@@ -241,9 +254,12 @@ class MinCutPartitioner(CustomPartitionerFn):
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
     ) -> Partition:
-        num_fwd_outputs, static, compiler = _pop_partition_kwargs(kwargs)
+        gm, num_fwd_outputs, static, compiler = check_call(
+            type(self).__name__, gm, joint_inputs, kwargs
+        )
+        mod = _compat.partitioners()
         start = time.perf_counter()
-        fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
+        fw, bw = mod.min_cut_rematerialization_partition(
             gm,
             joint_inputs,
             compiler,
@@ -267,6 +283,9 @@ def report_for(
 ) -> PartitionReport:
     """Measure a partition produced elsewhere (e.g. torch's ``default_partition`` in the first
     compilation) with the same fields as the partitioners' own reports."""
+    check_module("report_for", "fw_module", fw_module)
+    check_module("report_for", "bw_module", bw_module)
+    check_count("report_for", "num_fwd_outputs", num_fwd_outputs)
     return build_report(
         partitioner, fw_module, bw_module, num_fwd_outputs, partition_time_s=partition_time_s
     )

@@ -20,6 +20,7 @@ import torch.fx as fx
 from torch._logging import trace_structured  # type: ignore[attr-defined]
 
 from ap_partitioner import _compat
+from ap_partitioner.args import check_node
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ def _is_view_like(node: fx.Node) -> bool:
 
 def is_all_gather_output(node: fx.Node) -> bool:
     """An all-gather, its wait, or a pure view chain of one: an unsharded weight's storage."""
+    check_node("is_all_gather_output", node)
     seen = 0
     while node.op == "call_function" and seen < 64:
         if _compat.is_all_gather(node):

@@ -31,6 +31,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
+from ap_partitioner.args import check_nodes
 
 
 def policy(node: fx.Node) -> CheckpointPolicy | None:
@@ -145,7 +146,7 @@ def apply_rule(node: fx.Node, plan: SavePlan) -> None:
 def plan_saves(candidates: Iterable[fx.Node]) -> SavePlan:
     """Apply the rules to every candidate (forward-required, then unclaimed nodes), deduped."""
     plan = SavePlan()
-    for node in candidates:
+    for node in check_nodes("plan_saves", "candidates", candidates):
         if node.op == "output":
             continue
         apply_rule(node, plan)
