@@ -457,3 +457,38 @@ def test_report_is_logged_and_traced(monkeypatch: pytest.MonkeyPatch,
         _, _, rep = partition(simple(lambda n: tag(n, replay=True)))
     assert artifacts == [({"name": "ap_partition_report", "encoding": "json"}, rep.to_json())]
     assert any("partition report" in r.getMessage() for r in caplog.records)
+
+
+def test_strict_refusal_leaves_the_joint_graph_untouched() -> None:
+    gm = _uncuttable()
+    before = gm.graph.python_code("self").src
+    metas = [dict(n.meta) for n in gm.graph.nodes]
+    with pytest.raises(ReplayError):
+        partition(gm, strict=True)
+    assert gm.graph.python_code("self").src == before
+    assert [dict(n.meta) for n in gm.graph.nodes] == metas
+
+
+def test_fallback_drops_the_unsatisfiable_recompute_tag_for_min_cut() -> None:
+    _, bw, rep = partition(_uncuttable())
+    assert rep.fell_back and any("primals_1" in note for note in rep.notes)
+    bw.graph.lint()
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "words"),
+    [
+        (lambda: SaveAllPartitioner(strict="yes"), TypeError, ("strict", "str")),
+        (lambda: ap_partitioner.MinCutPartitioner(on_report=3), TypeError, ("on_report", "int")),
+        (lambda: SaveAllPartitioner()(simple(lambda n: None), [], num_fwd_outputs=5),
+         ValueError, ("num_fwd_outputs", "[0, 2]")),
+        (lambda: SaveAllPartitioner()(simple(lambda n: None).graph, [], num_fwd_outputs=1),
+         TypeError, ("gm", "GraphModule", "Graph")),
+        (lambda: plan_saves(["a"]), TypeError, ("plan_saves", "torch.fx.Node", "str")),
+    ],
+)
+def test_bad_arguments_name_the_culprit(call: Callable[[], object], exc: type[Exception],
+                                        words: tuple[str, ...]) -> None:
+    with pytest.raises(exc) as info:
+        call()
+    assert all(w in str(info.value) for w in words), str(info.value)
