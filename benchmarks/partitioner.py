@@ -116,7 +116,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{r['min_cut_ms']:.1f} | {ratio:.2f} |")
     lines += [
         "",
-        "Saved for backward (fake PG, world size 8; bytes from fake tensor sizes):",
+        "Saved for backward (fake PG, world size 8; bytes from fake tensor sizes). The first "
+        "partition runs no CSE, so it saves the identical `y.view(...)` feeding q, k and v three "
+        "times; the replay's CSE merges them into one saved value (same values, fewer "
+        "duplicates).",
         "",
         "| layers | partition | saved activations | activation bytes | all-gather outputs "
         "saved | all-gather bytes | bw collectives | bw all-gathers |",
