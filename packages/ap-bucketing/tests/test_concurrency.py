@@ -1,0 +1,116 @@
+"""install/uninstall/patched under concurrency: many threads entering, leaving and raising.
+
+Invariants checked: inside a ``patched`` block torch's two functions are the replacements and a
+config is active; calls through torch's module attribute never fail while other threads toggle
+the patch; once every thread is done (and ``uninstall()`` ran) torch's exact originals are back
+(identity), the cache-key tag is what it was, and no config is active.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import ap_bucketing as AB
+import pytest
+import torch
+import torch._inductor.fx_passes.bucketing as torch_bucketing
+import torch._inductor.fx_passes.fsdp as torch_fsdp
+from ap_bucketing import BucketingConfig
+from ap_bucketing.synthetic import all_gather_bucketing_args, interleaved_fsdp_graph
+
+THREADS = 12
+ROUNDS = 40
+
+
+class Boom(Exception):
+    pass
+
+
+def _torch_functions() -> tuple[object, object]:
+    return torch_fsdp.identify_fsdp_groups, torch_bucketing.greedy_bucket_collective_by_mb
+
+
+def test_threads_entering_leaving_and_raising_restore_torch_exactly() -> None:
+    originals = _torch_functions()
+    tag = torch.compiler.config.cache_key_tag
+    configs = [BucketingConfig(max_topo_span=s) for s in (None, 5, 50, 1500)]
+    gm = interleaved_fsdp_graph(200)
+    args = all_gather_bucketing_args(gm)
+    errors: list[BaseException] = []
+    violations: list[str] = []
+    start = threading.Barrier(THREADS)
+
+    def inside(rng: random.Random, depth: int) -> None:
+        if AB.current_config() is None or not AB.is_installed():
+            violations.append("no active config inside patched()")
+        if _torch_functions() == originals:
+            violations.append("torch not patched inside patched()")
+        # a compile in this thread calls torch's module attribute: it must always work
+        buckets = torch_bucketing.greedy_bucket_collective_by_mb(*args)
+        if not all(len(b) >= 2 for b in buckets):
+            violations.append("singleton bucket")
+        if depth < 2 and rng.random() < 0.3:
+            with AB.patched(rng.choice(configs)):
+                inside(rng, depth + 1)
+        if rng.random() < 0.2:
+            raise Boom()
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        start.wait()
+        try:
+            for _ in range(ROUNDS):
+                action = rng.random()
+                if action < 0.1:
+                    AB.install(rng.choice(configs))
+                elif action < 0.2:
+                    AB.uninstall()
+                else:
+                    try:
+                        with AB.patched(rng.choice(configs)):
+                            inside(rng, 0)
+                    except Boom:
+                        pass
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[:3]
+    assert not violations, violations[:3]
+    AB.uninstall()  # some worker may have left an install() behind, as a program could
+    assert not AB.is_installed() and AB.current_config() is None
+    now = _torch_functions()
+    assert now[0] is originals[0] and now[1] is originals[1]
+    assert torch.compiler.config.cache_key_tag == tag
+
+
+def test_replacement_held_by_torch_falls_back_after_uninstall() -> None:
+    """A reference grabbed while patched (as a running compile holds one) keeps working after
+    another thread restores torch: it then behaves exactly like torch's original."""
+    gm = interleaved_fsdp_graph(200)
+    args = all_gather_bucketing_args(gm)
+    want = torch_bucketing.greedy_bucket_collective_by_mb(*args)
+    with AB.patched(BucketingConfig()):
+        held = torch_bucketing.greedy_bucket_collective_by_mb
+    got = held(*args)
+    assert [[n.name for n in b] for b in got] == [[n.name for n in b] for b in want]
+
+
+def test_exception_in_nested_blocks_restores_each_level() -> None:
+    originals = _torch_functions()
+    outer, inner = BucketingConfig(max_topo_span=1), BucketingConfig(max_topo_span=2)
+    with pytest.raises(Boom):
+        with AB.patched(outer):
+            try:
+                with AB.patched(inner):
+                    raise Boom()
+            finally:
+                assert AB.current_config() is outer
+            raise AssertionError("unreachable")  # pragma: no cover
+    assert _torch_functions() == originals and not AB.is_installed()
