@@ -29,7 +29,7 @@ import torch
 import torch.fx
 
 from .errors import ChunkError
-from .passes import CHUNK_SYMBOLS_META
+from .passes import CHUNK_SYMBOLS_META, gc_paused
 from .shapes import find_chunk_symbols
 from .symbols import free_symbols, subst_value
 
@@ -137,8 +137,9 @@ def _concretize_graph(gm: torch.fx.GraphModule, sub: _Substitution, rep: Concret
             node.args, node.kwargs = args, kwargs
             touched.add(node)
         for key, value in list(_meta_values(node)):
-            if sub.touches(value):
-                new = sub.apply(value)
+            mapping = sub.mapping(value)
+            if mapping:
+                new = subst_value(value, mapping)
                 node.meta[key] = new
                 touched.add(node)
                 if node.op == "call_function" and node.target in _PURE_SCALAR_OPS and _concrete(new):
@@ -191,6 +192,11 @@ def concretize_chunk_symbols(
     ``example_inputs``, when a list, has its fake tensors carrying chunk symbols replaced in
     place by concrete ones, so it keeps matching the placeholders.
     """
+    with gc_paused():
+        return _concretize(gm, example_inputs)
+
+
+def _concretize(gm: torch.fx.GraphModule, example_inputs: list[Any] | None) -> ConcretizeReport:
     hints: dict[str, int] | None = gm.meta.get(CHUNK_SYMBOLS_META)
     if hints is None:
         hints = {s.name: h for s, h in find_chunk_symbols(gm.graph, 1).items()}

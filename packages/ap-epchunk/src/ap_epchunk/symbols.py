@@ -87,11 +87,16 @@ def subst_value(value: Any, mapping: SymMap) -> Any:
 
 def new_fake_like(value: torch.Tensor, shape: list[Any], stride: list[Any]) -> torch.Tensor:
     """A tensor of ``value``'s kind (fake mode, dtype, device) with a new shape and stride."""
+    meta = torch.empty_strided(shape, stride, dtype=value.dtype, device="meta")
     fake_mode = getattr(value, "fake_mode", None)
     if fake_mode is None:
-        return torch.empty_strided(shape, stride, dtype=value.dtype, device="meta")
-    with fake_mode:
-        return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+        return meta
+    # wrap the meta tensor directly: dispatching a factory through the fake mode for each of
+    # thousands of nodes costs several times more and grows with the fake-tensor cache
+    fake: torch.Tensor = fake_mode.fake_tensor_converter.from_meta_and_device(
+        fake_mode, meta, value.device
+    )
+    return fake
 
 
 def expr_of(value: Any) -> sympy.Expr | None:
