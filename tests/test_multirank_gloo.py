@@ -20,9 +20,7 @@ VARIANTS = (
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
-    spec = TrainSpec(
-        model=ModelConfig(n_layers=1, attention="matmul"), variants=VARIANTS, steps=4
-    )
+    spec = TrainSpec(model=ModelConfig(n_layers=1, attention="matmul"), variants=VARIANTS, steps=4)
     return spawn_ranks(run_rank, 2, spec)
 
 

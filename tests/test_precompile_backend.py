@@ -10,8 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch._dynamo
-from ap_backend import precompile
-from ap_backend._measure import measure_saved
+from ap_backend import measure_saved, precompile
 from ap_backend.models import ModelConfig, Sharding, Transformer
 
 from tests._fakepg import fake_world

@@ -30,8 +30,15 @@ def test_backend_wheel_pulls_in_siblings(tmp_path: Path) -> None:
     _run("uv", "venv", "--python", "3.11", str(venv))
     backend_wheel = next(dist.glob("ap_backend-*.whl"))
     _run(
-        "uv", "pip", "install", "--python", str(venv / "bin" / "python"),
-        "--find-links", str(dist), str(backend_wheel), "torch==2.15.0",
+        "uv",
+        "pip",
+        "install",
+        "--python",
+        str(venv / "bin" / "python"),
+        "--find-links",
+        str(dist),
+        str(backend_wheel),
+        "torch==2.15.0",
     )
     frozen = _run("uv", "pip", "freeze", "--python", str(venv / "bin" / "python"))
     for name in PACKAGES[:-1]:  # pulled in as dependencies, from the sibling wheels

@@ -8,7 +8,9 @@ from ap_backend.cli import main
 
 
 @pytest.mark.parametrize("argv", [["demo", "--steps", "0"], ["demo", "--ranks", "3"], ["nope"], []])
-def test_bad_arguments_exit_2_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_exit_2_in_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
@@ -20,7 +22,12 @@ def test_version_prints_six_lines(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--version"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [
-        "ap-tags", "ap-partitioner", "ap-bucketing", "ap-epchunk", "ap-backend", "torch"
+        "ap-tags",
+        "ap-partitioner",
+        "ap-bucketing",
+        "ap-epchunk",
+        "ap-backend",
+        "torch",
     ]
 
 

@@ -45,7 +45,9 @@ def test_shard_param_rejects_uneven_dim0() -> None:
 def test_precompile_tags_every_fsdp_chain_and_saves_no_gathered_weight(
     world: None, gather_dtype: torch.dtype | None
 ) -> None:
-    model = Transformer(ModelConfig(n_layers=1, attention="matmul"), Sharding.from_world(gather_dtype))
+    model = Transformer(
+        ModelConfig(n_layers=1, attention="matmul"), Sharding.from_world(gather_dtype)
+    )
     batch = model.example_batch(0, 0)
     pm = precompile(model, batch)
     assert len(pm.fsdp_report.chains) == len(list(model.parameters()))

@@ -8,6 +8,7 @@
 """
 
 from ap_backend._backend import AutoParallelBackend, autoparallel_backend
+from ap_backend._measure import measure_saved
 from ap_backend._precompile import PrecompiledModule, precompile
 from ap_backend._saved import SavedSummary, is_all_gather_output
 
@@ -20,5 +21,6 @@ __all__ = [
     "__version__",
     "autoparallel_backend",
     "is_all_gather_output",
+    "measure_saved",
     "precompile",
 ]

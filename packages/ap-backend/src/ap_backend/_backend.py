@@ -40,6 +40,7 @@ __all__ = ["AutoParallelBackend", "autoparallel_backend"]
 def _has_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
+
 log = logging.getLogger(__name__)
 
 
@@ -66,7 +67,9 @@ class AutoParallelBackend:
             make_partitioner(options.partitioner, self._on_partition_report), self._on_saved
         )
         self._persistent_patches = self._config_patches()
-        self._ac_pass = ap_tags.ac_joint_pass(options.ac_stage_size_gib) if options.enable_ac else None
+        self._ac_pass = (
+            ap_tags.ac_joint_pass(options.ac_stage_size_gib) if options.enable_ac else None
+        )
 
     # -- callbacks -----------------------------------------------------------------------------
     def _on_partition_report(self, report: Any) -> None:

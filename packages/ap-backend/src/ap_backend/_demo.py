@@ -61,7 +61,9 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
     """Rank 0's view (every rank runs the same program) plus the cross-rank agreement."""
     r0 = ranks[0]
     v = r0["variants"]["autoparallel"]
-    second = v["saved"][0] if v["saved"] else {"count": 0, "bytes": 0, "all_gather_outputs_saved": 0}
+    second = (
+        v["saved"][0] if v["saved"] else {"count": 0, "bytes": 0, "all_gather_outputs_saved": 0}
+    )
     first = v["first_partition"]
     mc = r0["min_cut_ac"]
     mcu = r0["min_cut_ac_untagged"]
@@ -74,7 +76,9 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
         "max_grad_rel_diff": max(r["variants"]["autoparallel"]["max_grad_rel_diff"] for r in ranks),
         "mismatches": sum(len(r["variants"]["autoparallel"]["mismatches"]) for r in ranks),
         "saved": {
-            "first_partition": {k: first[k] for k in ("count", "bytes", "all_gather_outputs_saved")},
+            "first_partition": {
+                k: first[k] for k in ("count", "bytes", "all_gather_outputs_saved")
+            },
             "save_all": {k: second[k] for k in ("count", "bytes", "all_gather_outputs_saved")},
             "min_cut_ac": {k: mc[k] for k in ("count", "bytes", "all_gather_outputs_saved")},
             "min_cut_ac_untagged": {
@@ -103,7 +107,10 @@ def render_table(s: dict[str, Any]) -> str:
     rows: list[tuple[str, str]] = []
     for st in s["steps"]:
         rows.append(
-            (f"step {st['step']} loss eager / compiled", f"{st['loss_eager']:.6f} / {st['loss_compiled']:.6f}")
+            (
+                f"step {st['step']} loss eager / compiled",
+                f"{st['loss_eager']:.6f} / {st['loss_compiled']:.6f}",
+            )
         )
     rows.append(("max grad rel diff (all ranks, steps)", f"{s['max_grad_rel_diff']:.2e}"))
     labels = {
@@ -119,7 +126,9 @@ def render_table(s: dict[str, Any]) -> str:
     rows.append(("all-gather outputs saved (first / SaveAll / min-cut+AC / untagged)", ag))
     rows.append(("buckets formed (fw + bw)", str(s["buckets_formed"])))
     c = s["compile_s"]
-    rows.append(("compile time: precompile / backend", f"{c['precompile']:.2f} s / {c['backend']:.2f} s"))
+    rows.append(
+        ("compile time: precompile / backend", f"{c['precompile']:.2f} s / {c['backend']:.2f} s")
+    )
     rows.append(("first step (incl. lazy backward compile)", f"{c['first_step']:.2f} s"))
     width = max(len(k) for k, _ in rows)
     vwidth = max(len(v) for _, v in rows)

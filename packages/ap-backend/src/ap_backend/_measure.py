@@ -25,7 +25,9 @@ __all__ = ["measure_saved"]
 
 
 def _identity_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    return gm
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+
+    return make_boxed_func(gm)
 
 
 def measure_saved(

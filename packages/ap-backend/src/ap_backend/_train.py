@@ -82,7 +82,9 @@ def _train(
         loss.backward()  # type: ignore[no-untyped-call]
         seconds.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
-        grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params])
+        grads.append(
+            [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+        )
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:

@@ -55,12 +55,24 @@ def _parser() -> _Parser:
     demo.add_argument("--layers", type=_positive, default=2, help="transformer layers (2)")
     demo.add_argument("--steps", type=_positive, default=4, help="training steps (4)")
     demo.add_argument("--ranks", type=_ranks, default=2, help="gloo ranks on 127.0.0.1 (2)")
-    demo.add_argument("--ac", action=argparse.BooleanOptionalAction, default=True,
-                      help="AC staging pass in the backend (on)")
-    demo.add_argument("--bucketing", action=argparse.BooleanOptionalAction, default=True,
-                      help="ap-bucketing + overlap scheduling (on)")
-    demo.add_argument("--chunk", action=argparse.BooleanOptionalAction, default=False,
-                      help="MoE model with EP chunking of layers.*.moe (off)")
+    demo.add_argument(
+        "--ac",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="AC staging pass in the backend (on)",
+    )
+    demo.add_argument(
+        "--bucketing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ap-bucketing + overlap scheduling (on)",
+    )
+    demo.add_argument(
+        "--chunk",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="MoE model with EP chunking of layers.*.moe (off)",
+    )
     demo.add_argument("--json", metavar="PATH", default=None, help="also write the numbers here")
     return parser
 
@@ -76,14 +88,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ap_backend._demo import DemoOptions, render_table, run_demo
 
     opts = DemoOptions(
-        layers=args.layers, steps=args.steps, ranks=args.ranks, ac=args.ac,
-        bucketing=args.bucketing, chunk=args.chunk,
+        layers=args.layers,
+        steps=args.steps,
+        ranks=args.ranks,
+        ac=args.ac,
+        bucketing=args.bucketing,
+        chunk=args.chunk,
     )
     print(f"[ap-backend demo] spawning {opts.ranks} ranks ...", flush=True)
     summary = run_demo(opts, args.json)
     print(render_table(summary))
     if summary["mismatches"]:
-        print(f"ap-backend demo: {summary['mismatches']} loss/grad mismatches vs eager", file=sys.stderr)
+        print(
+            f"ap-backend demo: {summary['mismatches']} loss/grad mismatches vs eager",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

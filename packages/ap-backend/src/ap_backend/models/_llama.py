@@ -221,7 +221,9 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        mask = causal_mask(tokens.shape[1], tokens.device) if self.cfg.attention == "matmul" else None
+        mask = (
+            causal_mask(tokens.shape[1], tokens.device) if self.cfg.attention == "matmul" else None
+        )
         for layer in self.layers:
             h = layer(h, mask)
         logits: torch.Tensor = self.output(self.norm(h)).float()
