@@ -25,9 +25,13 @@ __all__ = ["measure_saved"]
 
 
 def _identity_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    from torch._functorch._aot_autograd.utils import make_boxed_func
+    """Runs the graph as is, with AOTAutograd's boxed calling convention."""
 
-    return make_boxed_func(gm)
+    def run(args: list[Any]) -> Any:
+        return gm(*args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def measure_saved(
