@@ -81,6 +81,7 @@ def _graph_modules(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
 class _Substitution:
     def __init__(self, hints: Mapping[str, int]) -> None:
         self.hints = dict(hints)
+        self.cache: dict[Any, Any] = {}
 
     def mapping(self, value: Any) -> dict[sympy.Symbol, sympy.Expr]:
         return {
@@ -93,7 +94,7 @@ class _Substitution:
 
     def apply(self, value: Any) -> Any:
         mapping = self.mapping(value)
-        return subst_value(value, mapping) if mapping else value
+        return subst_value(value, mapping, self.cache) if mapping else value
 
 
 def _meta_values(node: torch.fx.Node) -> Iterator[tuple[str, Any]]:
@@ -132,14 +133,15 @@ def _concretize_graph(gm: torch.fx.GraphModule, sub: _Substitution, rep: Concret
     for node in gm.graph.nodes:
         if node.op == "output":
             continue
-        args, kwargs = torch.fx.node.map_aggregate((node.args, node.kwargs), sub.apply)
         if sub.touches((node.args, node.kwargs)):
-            node.args, node.kwargs = args, kwargs
+            node.args, node.kwargs = torch.fx.node.map_aggregate(
+                (node.args, node.kwargs), sub.apply
+            )
             touched.add(node)
         for key, value in list(_meta_values(node)):
             mapping = sub.mapping(value)
             if mapping:
-                new = subst_value(value, mapping)
+                new = subst_value(value, mapping, sub.cache)
                 node.meta[key] = new
                 touched.add(node)
                 if node.op == "call_function" and node.target in _PURE_SCALAR_OPS and _concrete(new):

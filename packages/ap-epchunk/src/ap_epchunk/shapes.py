@@ -97,12 +97,13 @@ class SymbolicShapes(ChunkShapes):
         super().__init__(num_chunks)
         self.hints = hints
         self.mapping = {s: FloorDiv(s, num_chunks) for s in hints}
+        self.cache: dict[Any, Any] = {}
 
     def dim(self, node: torch.fx.Node) -> ChunkDim:
         return _symbolic_dims(node.meta.get("val"), self.hints)
 
     def chunk_val(self, node: torch.fx.Node) -> Any:
-        return subst_value(node.meta.get("val"), self.mapping)
+        return subst_value(node.meta.get("val"), self.mapping, self.cache)
 
     def scalar_carries_chunk(self, node: torch.fx.Node) -> bool:
         val = node.meta.get("val")

@@ -45,13 +45,26 @@ def free_symbols(value: Any) -> set[sympy.Symbol]:
     return found
 
 
-def subst_scalar(value: Any, mapping: SymMap) -> Any:
-    """``value`` with ``mapping`` applied; a fully numeric result becomes a Python scalar."""
+def subst_scalar(value: Any, mapping: SymMap, cache: dict[Any, Any] | None = None) -> Any:
+    """``value`` with ``mapping`` applied; a fully numeric result becomes a Python scalar.
+
+    ``cache`` (keyed by expression and kind) lets a pass reuse one result per distinct
+    expression instead of re-substituting the same ``u0`` thousands of times.
+    """
     if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return value
     expr = value.node.expr
     if not (expr.free_symbols & mapping.keys()):
         return value
+    if cache is not None:
+        key = (type(value), expr)
+        if key not in cache:
+            cache[key] = _subst_scalar(value, expr, mapping)
+        return cache[key]
+    return _subst_scalar(value, expr, mapping)
+
+
+def _subst_scalar(value: Any, expr: sympy.Expr, mapping: SymMap) -> Any:
     new = expr.xreplace(dict(mapping))
     env = value.node.shape_env
     assert env is not None, f"symbolic value {value} has no ShapeEnv"
@@ -68,20 +81,20 @@ def subst_scalar(value: Any, mapping: SymMap) -> Any:
     return env.create_symintnode(new, hint=None)
 
 
-def subst_value(value: Any, mapping: SymMap) -> Any:
+def subst_value(value: Any, mapping: SymMap, cache: dict[Any, Any] | None = None) -> Any:
     """Apply ``mapping`` to a meta value: scalars, fake tensors (shape and stride), nests."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return subst_scalar(value, mapping)
+        return subst_scalar(value, mapping, cache)
     if isinstance(value, torch.Tensor):
         if not (free_symbols(value) & mapping.keys()):
             return value
-        shape = [subst_scalar(s, mapping) for s in value.shape]
-        stride = [subst_scalar(s, mapping) for s in value.stride()]
+        shape = [subst_scalar(s, mapping, cache) for s in value.shape]
+        stride = [subst_scalar(s, mapping, cache) for s in value.stride()]
         return new_fake_like(value, shape, stride)
     if isinstance(value, tuple):
-        return tuple(subst_value(v, mapping) for v in value)
+        return tuple(subst_value(v, mapping, cache) for v in value)
     if isinstance(value, list):
-        return [subst_value(v, mapping) for v in value]
+        return [subst_value(v, mapping, cache) for v in value]
     return value
 
 
