@@ -24,14 +24,18 @@ from .symbols import subst_scalar, subst_value
 
 aten = torch.ops.aten
 
-#: Order in which parameter-gradient partials are added: last chunk first, as autograd
-#: accumulates them (the backward of the last forward chunk runs first), so the sum is bitwise
-#: equal to eager chunking.
 def sum_order(num_chunks: int) -> list[int]:
+    """Order in which gradient partials are added: last chunk first.
+
+    That is how autograd accumulates the N uses of a parameter under eager chunking (the
+    backward of the last forward chunk runs first), so the sum is bitwise equal to it.
+    """
     return list(reversed(range(num_chunks)))
 
 
 class _Rewriter:
+    """One pass over the plan; keeps the chunk copies, split pieces and full values it made."""
+
     def __init__(
         self, graph: torch.fx.Graph, plan: Plan, shapes: ChunkShapes,
         fqns: dict[torch.fx.Node, str], report: ChunkReport,
