@@ -220,3 +220,14 @@ def test_bad_config_values_name_the_field() -> None:
             BucketingConfig(**{field: value})
     with pytest.raises(ValueError, match="config"):
         bucket_collectives(*_independent_ags(2, 16)[:1], lambda _i: 1.0, bool, id, config=object())
+
+
+def test_wrong_argument_kinds_name_the_function_and_argument() -> None:
+    gm, _ = _independent_ags(2, 16)
+    _, cap, filt, key = ag_args(gm)
+    with pytest.raises(TypeError, match="bucket_collectives: gm must be a torch.fx.GraphModule"):
+        bucket_collectives(gm.graph, cap, filt, key)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bucket_collectives: group_key must be callable"):
+        bucket_collectives(gm, cap, filt, "key")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"cap_fn returned -1\.0 for bucket 0"):
+        bucket_collectives(gm, lambda _i: -1.0, filt, key)

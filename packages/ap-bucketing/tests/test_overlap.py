@@ -110,3 +110,14 @@ def test_cpu_estimators_are_scoped_and_restored_exactly() -> None:
         assert inside is original
     with cpu_overlap_estimators(enabled=False):
         assert overlap_scheduling.estimate_roofline_runtime_ms is original
+
+
+def test_a_refusing_pass_leaves_the_graph_untouched(group: str) -> None:
+    gm = backward_like_graph(4, group)
+    rs = gm.graph.find_nodes(op="call_function", target=_c10d.reduce_scatter_tensor.default)[-1]
+    del rs.meta["val"]  # all-gathers would merge before torch ever sized this one
+    before = gm.graph.python_code("self").src
+    with pytest.raises(ap_bucketing.MissingValueError, match=rs.name):
+        OverlapBucketingPass(cpu=True, reorder=False)(gm.graph)
+    assert gm.graph.python_code("self").src == before
+    assert not ap_bucketing.is_installed()

@@ -29,6 +29,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import _compat
+from ._checks import require_callable, require_cap_mb, require_graph_module
 from ._reach import BucketReach
 from ._sizes import collective_bytes
 from .config import BucketingConfig
@@ -193,14 +194,24 @@ def bucket_collectives(
     Returns:
         Buckets of >= 2 collective nodes each, in wait order, keys in first-seen order.
     """
+    require_graph_module("bucket_collectives", "gm", gm)
+    for name, fn in (("cap_fn", cap_fn), ("filter_node", filter_node), ("group_key", group_key)):
+        require_callable("bucket_collectives", name, fn)
+    require_callable("bucket_collectives", "filter_wait_node", filter_wait_node, optional=True)
+    require_callable("bucket_collectives", "observer", observer, optional=True)
     cfg = BucketingConfig() if config is None else config
     if not isinstance(cfg, BucketingConfig):
-        raise ValueError(f"config must be a BucketingConfig, got {type(cfg).__name__}")
+        raise ValueError(
+            f"bucket_collectives: config must be a BucketingConfig, got {type(cfg).__name__}"
+        )
     start = time.perf_counter()
     ranks, order, ordered = _candidates(gm.graph, filter_node, filter_wait_node)
     groups = _group(ordered, group_key, cfg.non_adjacent)
     fixed_cap = cfg.bucket_cap_mb
-    cap_mb: Callable[[int], float] = cap_fn if fixed_cap is None else (lambda _i: fixed_cap)
+
+    def cap_mb(index: int) -> float:
+        return fixed_cap if fixed_cap is not None else require_cap_mb(cap_fn(index), index)
+
     tally = _Tally()
     for members in groups:
         if len(members) > 1:

@@ -18,6 +18,7 @@ import torch.fx as fx
 from torch.utils._ordered_set import OrderedSet
 
 from . import _compat
+from ._checks import require_graph_module
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def primary_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None
     all-gathers; on a tie the group whose first FSDP all-gather is found first wins, so the
     result is deterministic and always a single group.
     """
+    require_graph_module("primary_fsdp_groups", "gm", gm)
     counts = fsdp_group_counts(gm)
     if not counts:
         return OrderedSet(), None

@@ -24,6 +24,11 @@ def max_consec_compute_between_rs(graph: fx.Graph | fx.GraphModule) -> int:
     """Longest run of compute nodes (torch's ``is_compute_node``: ops with a flop formula)
     not separated by a reduce-scatter, counting the leading and trailing runs. A graph with no
     reduce-scatter returns its total compute count."""
+    if not isinstance(graph, (fx.Graph, fx.GraphModule)):
+        raise TypeError(
+            "max_consec_compute_between_rs: graph must be a torch.fx.Graph or GraphModule, "
+            f"got {type(graph).__name__}"
+        )
     g = graph.graph if isinstance(graph, fx.GraphModule) else graph
     is_compute_node = _compat.attr(_compat.OVERLAP_MODULE, "is_compute_node")
     longest = current = 0

@@ -27,7 +27,8 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _compat
-from ._sizes import hint_int
+from ._checks import require_bool
+from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
 from .config import BucketingConfig
 from .metrics import max_consec_compute_between_rs
@@ -54,6 +55,10 @@ def _output_bytes(node: fx.Node) -> int:
 def cpu_runtime_estimation(node: fx.Node, override_size: int | None = None) -> float:
     """Analytical runtime (ms) for any node, usable as ``custom_runtime_estimation`` on CPU:
     a fixed launch cost plus bytes moved at a nominal bandwidth. Deterministic, needs no GPU."""
+    if not isinstance(node, fx.Node):
+        raise TypeError(
+            f"cpu_runtime_estimation: node must be a torch.fx.Node, got {type(node).__name__}"
+        )
     size = override_size if override_size is not None else _output_bytes(node)
     return 0.005 + size / _CPU_BYTES_PER_MS
 
@@ -76,6 +81,7 @@ def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
     exit; on 2.15 it changes nothing (the roofline falls back by itself).
     """
     global _estimator_depth, _estimator_original
+    require_bool("cpu_overlap_estimators", "enabled", enabled)
     if not enabled or not _compat.roofline_needs_accelerator():
         yield
         return
@@ -123,10 +129,13 @@ class OverlapBucketingPass(CustomGraphPass):
     ) -> None:
         cfg = BucketingConfig() if config is None else config
         if not isinstance(cfg, BucketingConfig):
-            raise ValueError(f"config must be a BucketingConfig, got {type(cfg).__name__}")
+            raise ValueError(
+                f"OverlapBucketingPass: config must be a BucketingConfig, got {type(cfg).__name__}"
+            )
         self.config = cfg
-        self.cpu = _default_cpu() if cpu is None else bool(cpu)
-        self.reorder = bool(reorder)
+        self.cpu = _default_cpu() if cpu is None else require_bool(_PASS, "cpu", cpu)
+        self.reorder = require_bool(_PASS, "reorder", reorder)
+        _check_schedule_overrides(schedule_overrides)
         self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
         self.reports: list[dict[str, object]] = []
 
@@ -144,12 +153,17 @@ class OverlapBucketingPass(CustomGraphPass):
         return kwargs
 
     def __call__(self, graph: fx.Graph) -> None:
+        if not isinstance(graph, fx.Graph):
+            raise TypeError(
+                f"OverlapBucketingPass: graph must be a torch.fx.Graph, got {type(graph).__name__}"
+            )
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
             raise ValueError("OverlapBucketingPass needs a graph owned by a GraphModule")
         wait = _compat.wait_tensor_op()
         if not graph.find_nodes(op="call_function", target=wait):
             return
+        _check_sizable(graph)  # refuse before torch's passes start mutating the graph
         before = max_consec_compute_between_rs(graph)
         with patched(self.config), cpu_overlap_estimators(self.cpu):
             if self.reorder:
@@ -182,6 +196,42 @@ class OverlapBucketingPass(CustomGraphPass):
             f"reorder={self.reorder}|{overrides}|{package_source_hash()}"
         )
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+_PASS = "OverlapBucketingPass"
+
+
+def _check_schedule_overrides(overrides: dict[str, object]) -> None:
+    """Unknown scheduler options fail here, naming the option, not deep inside a compile."""
+    import inspect
+
+    schedule = _compat.attr(_compat.OVERLAP_MODULE, "schedule_overlap_bucketing")
+    accepted = set(inspect.signature(schedule).parameters) - {"gm"}
+    for name in overrides:
+        if name not in accepted:
+            raise TypeError(
+                f"{_PASS}: {name!r} is not an option of torch's schedule_overlap_bucketing "
+                f"(accepted: {', '.join(sorted(accepted))})"
+            )
+
+
+def _collective_targets() -> tuple[Any, ...]:
+    ops = torch.ops._c10d_functional
+    return (
+        ops.all_gather_into_tensor.default,
+        ops.all_gather_into_tensor_out.default,
+        ops.reduce_scatter_tensor.default,
+        ops.all_reduce.default,
+    )
+
+
+def _check_sizable(graph: fx.Graph) -> None:
+    """Every collective torch's bucketing may size has tensor ``meta['val']`` on itself and its
+    input; otherwise raise ``MissingValueError`` naming it while the graph is still untouched
+    (torch merges all-gathers before it looks at reduce-scatters)."""
+    for target in _collective_targets():
+        for node in graph.find_nodes(op="call_function", target=target):
+            collective_bytes(node)
 
 
 def _stable_repr(value: object) -> str:

@@ -149,11 +149,13 @@ def _sync_locked() -> None:
     _sync_cache_tag_locked(cfg)
 
 
-def _check(config: object) -> BucketingConfig:
+def _check(config: object, function: str) -> BucketingConfig:
     if config is None:
         return BucketingConfig()
     if not isinstance(config, BucketingConfig):
-        raise ValueError(f"config must be a BucketingConfig, got {type(config).__name__}")
+        raise ValueError(
+            f"{function}: config must be a BucketingConfig, got {type(config).__name__}"
+        )
     return config
 
 
@@ -161,8 +163,9 @@ def install(config: BucketingConfig | None = None) -> None:
     """Patch torch process-wide with ``config`` (default ``BucketingConfig()``) until
     ``uninstall()``. Installing again replaces the installed config; idempotent."""
     global _installed
-    cfg = _check(config)
+    cfg = _check(config, "install")
     with _lock:
+        _sites()  # every patch site exists, before any state changes
         _installed = cfg
         _sync_locked()
 
@@ -185,9 +188,10 @@ def is_installed() -> bool:
 def patched(config: BucketingConfig | None = None) -> Iterator[BucketingConfig]:
     """Patch torch with ``config`` for the block; nestable (the innermost config wins and the
     outer one is back on exit) and thread-safe. Yields the active config."""
-    cfg = _check(config)
+    cfg = _check(config, "patched")
     token = object()
     with _lock:
+        _sites()
         _scoped.append((token, cfg))
         _sync_locked()
     try:

@@ -67,6 +67,10 @@ _observers_lock = threading.Lock()
 
 def add_stats_observer(observer: StatsObserver) -> None:
     """Call ``observer(stats)`` after every bucketing invocation in this process."""
+    if not callable(observer):
+        raise TypeError(
+            f"add_stats_observer: observer must be callable, got {type(observer).__name__}"
+        )
     with _observers_lock:
         _observers.append(observer)
 
