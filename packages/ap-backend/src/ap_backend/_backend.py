@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ap_bucketing
@@ -39,6 +39,21 @@ __all__ = ["AutoParallelBackend", "autoparallel_backend"]
 
 def _has_gpu() -> bool:
     return bool(torch.cuda.is_available())
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """ap-epchunk's static-shape probe fake-runs ops on chunk-sized inputs and expects some to
+    fail (that is how it finds values the chunk dim does not flow through); FakeTensorMode
+    logs each such failure with a full traceback at ERROR. Silence that one logger for the
+    duration of the pass only; the pass itself still raises ChunkError on real problems."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    previous = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 log = logging.getLogger(__name__)
@@ -95,7 +110,8 @@ class AutoParallelBackend:
         opts = self.options
         if opts.ep_chunk is not None:
             emit_string("ap_chunk_before", gm.print_readable(print_output=False))
-            report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
+            with _quiet_fake_tensor_log():
+                report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
             ap_epchunk.concretize_chunk_symbols(gm)
             gm.recompile()
             self.chunk_reports.append(report)
