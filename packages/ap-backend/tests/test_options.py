@@ -31,3 +31,19 @@ def test_valid_options_are_normalised() -> None:
     assert isinstance(be.options.bucketing, BucketingConfig)
     assert be.options.partitioner == "save_all"
     assert autoparallel_backend(bucketing=False).options.bucketing is None
+
+
+def test_partitioner_pickles_for_inductor_cache_key_without_cycles() -> None:
+    """Inductor pickles config (our partitioner included) with a fast-mode pickler that rejects
+    reference cycles; the partitioner's callbacks point back at the backend."""
+    import copy
+    import pickle
+
+    import torch.fx
+    from torch._inductor.codecache import FxGraphCachePickler
+
+    be = autoparallel_backend()
+    part = be._partitioner
+    FxGraphCachePickler(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())).dumps(part)
+    assert pickle.loads(pickle.dumps(part)).uuid() == part.uuid()
+    assert copy.deepcopy(part) is part
