@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from torch._logging._internal import trace_structured
@@ -37,9 +38,10 @@ def emit_json(name: str, payload: Any) -> None:
     log.debug("artifact %s emitted", name)
 
 
-def emit_string(name: str, text: str) -> None:
+def emit_string(name: str, text_fn: Callable[[], str]) -> None:
+    """``text_fn`` runs only when structured tracing is on (printing a big graph is costly)."""
     trace_structured(
         "artifact",
         metadata_fn=lambda: {"name": name, "encoding": "string"},
-        payload_fn=lambda: text,
+        payload_fn=text_fn,
     )

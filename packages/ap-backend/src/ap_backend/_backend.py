@@ -41,6 +41,11 @@ def _has_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _tracing() -> bool:
+    """Is ``TORCH_TRACE`` structured logging on (so artifact payloads will be written)?"""
+    return bool(logging.getLogger("torch.__trace").handlers)
+
+
 @contextlib.contextmanager
 def _quiet_fake_tensor_log() -> Iterator[None]:
     """ap-epchunk's static-shape probe fake-runs ops on chunk-sized inputs and expects some to
@@ -109,14 +114,15 @@ class AutoParallelBackend:
     def _joint_pass(self, gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
         opts = self.options
         if opts.ep_chunk is not None:
-            emit_string("ap_chunk_before", gm.print_readable(print_output=False))
+            before = gm.print_readable(print_output=False) if _tracing() else ""
+            emit_string("ap_chunk_before", lambda: before)
             with _quiet_fake_tensor_log():
                 report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
             ap_epchunk.concretize_chunk_symbols(gm)
             gm.recompile()
             self.chunk_reports.append(report)
             emit_json("ap_chunk_report", report)
-            emit_string("ap_chunk_after", gm.print_readable(print_output=False))
+            emit_string("ap_chunk_after", lambda: gm.print_readable(print_output=False))
         if self._ac_pass is not None:
             gm = self._ac_pass(gm, joint_inputs)
             reports = getattr(self._ac_pass, "reports", None)
