@@ -65,6 +65,32 @@ class Plan:
     owner: dict[torch.fx.Node, RegionPlan]
     split_dim: dict[torch.fx.Node, int]
     scalars: set[torch.fx.Node]
+    tokenish: dict[torch.fx.Node, bool] = field(default_factory=dict)
+
+
+def _carries_tokens(node: torch.fx.Node, shapes: ChunkShapes) -> bool:
+    d = shapes.dim(node)
+    return isinstance(d, (int, Unknown)) or d is MULTI
+
+
+def _feeds_token_values(node: torch.fx.Node, plan: Plan, shapes: ChunkShapes) -> bool:
+    """Whether a value computed from ``node`` (not ``node`` itself) carries the chunk dim.
+
+    Memoized over the whole graph, so checking every summed live-out stays linear.
+    """
+    stack = [(u, False) for u in node.users]
+    while stack:
+        cur, done = stack.pop()
+        if cur in plan.tokenish:
+            continue
+        if done:
+            plan.tokenish[cur] = _carries_tokens(cur, shapes) or any(
+                plan.tokenish.get(u, False) for u in cur.users
+            )
+            continue
+        stack.append((cur, True))
+        stack.extend((u, False) for u in cur.users if u not in plan.tokenish)
+    return any(plan.tokenish.get(u, False) for u in node.users)
 
 
 def _name_list(nodes: list[torch.fx.Node], limit: int = 4) -> str:
@@ -261,6 +287,13 @@ def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool
                     f"value without the chunk dim escapes region {rp.root!r} to full users "
                     f"({_name_list(full)}); only backward parameter-gradient partials can be "
                     "summed, forward values must carry the chunk dim",
+                    node,
+                )
+            if _feeds_token_values(node, plan, shapes):
+                raise ChunkError(
+                    f"backward value without the chunk dim escapes region {rp.root!r} into values "
+                    f"that carry tokens ({_name_list(full)}); only parameter-gradient partials "
+                    "(whose consumers never carry the chunk dim) can be summed",
                     node,
                 )
             kind = "sum"

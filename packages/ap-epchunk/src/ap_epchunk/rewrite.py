@@ -149,7 +149,8 @@ class _Rewriter:
             with self.graph.inserting_before(node):
                 if inp in self.plan.split_dim and inp not in self.pieces:
                     self._split(inp, rp)
-                if inp in self.plan.scalars and inp not in self.per_chunk_scalar:
+                own = self.plan.owner.get(inp) is rp or inp in rp.routed
+                if inp in self.plan.scalars and inp not in self.per_chunk_scalar and not own:
                     self._scalar(inp, rp)
         chain_pos = rp.chains.get(node)
         copies: list[torch.fx.Node] = []

@@ -172,6 +172,12 @@ class StaticShapes(ChunkShapes):
                     f"chunk extent {val.shape[d]} (dim {d}) is not divisible by "
                     f"num_chunks={num_chunks}", src,
                 )
+            if val.shape[d] // num_chunks < 2:
+                raise ChunkError(
+                    f"chunks of {val.shape[d] // num_chunks} token along dim {d} cannot be told "
+                    "apart from broadcasting in a static-size graph; use at least 2 tokens per "
+                    "chunk, or an unbacked chunk dim", src,
+                )
             shape = list(val.shape)
             shape[d] //= num_chunks
             self.probe[src] = val.new_empty_strided(shape, val.stride())
