@@ -10,7 +10,7 @@ metadata the pass reads.
 from .concretize import ConcretizeReport, concretize_chunk_symbols
 from .config import ChunkConfig, ChunkReport, RegionSummary
 from .eager import EagerChunked
-from .errors import ChunkError
+from .errors import ChunkError, UnsupportedTorchError
 from .marking import mark_chunk_dim
 from .passes import chunk_pass
 from .tracing import trace_joint
@@ -24,6 +24,7 @@ __all__ = [
     "ConcretizeReport",
     "EagerChunked",
     "RegionSummary",
+    "UnsupportedTorchError",
     "__version__",
     "chunk_pass",
     "concretize_chunk_symbols",

@@ -23,6 +23,8 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from .errors import UnsupportedTorchError
+
 SUPPORTED = ">=2.13,<2.16"
 
 
@@ -31,7 +33,7 @@ def require_internals() -> None:
     missing = [
         name
         for name, ok in (
-            ("ShapeEnv.var_to_hint_override", hasattr(ShapeEnv(), "var_to_hint_override")),
+            ("ShapeEnv.var_to_hint_override", _has_hint_overrides()),
             ("ShapeEnv.ignore_fresh_unbacked_symbols",
              hasattr(ShapeEnv, "ignore_fresh_unbacked_symbols")),
             ("ShapeEnv.create_unbacked_symint", hasattr(ShapeEnv, "create_unbacked_symint")),
@@ -40,10 +42,29 @@ def require_internals() -> None:
         if not ok
     ]
     if missing:
-        raise RuntimeError(
+        raise UnsupportedTorchError(
             f"ap-epchunk needs torch {SUPPORTED}; this torch ({torch.__version__}) lacks "
             + ", ".join(missing)
         )
+
+
+def _has_hint_overrides() -> bool:
+    try:
+        return hasattr(ShapeEnv(), "var_to_hint_override")
+    except Exception:  # noqa: BLE001 - a ShapeEnv that cannot even be built lacks it too
+        return False
+
+
+def mark_unbacked_fn() -> Any:
+    """``torch._dynamo.decorators.mark_unbacked``, or UnsupportedTorchError naming it."""
+    if not _has_mark_unbacked():
+        raise UnsupportedTorchError(
+            f"ap-epchunk needs torch {SUPPORTED}; this torch ({torch.__version__}) lacks "
+            "torch._dynamo.decorators.mark_unbacked"
+        )
+    from torch._dynamo import decorators
+
+    return decorators.mark_unbacked
 
 
 def _has_mark_unbacked() -> bool:

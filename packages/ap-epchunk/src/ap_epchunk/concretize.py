@@ -187,18 +187,29 @@ def _leftovers(gm: torch.fx.GraphModule, sub: _Substitution) -> list[str]:
 
 
 def concretize_chunk_symbols(
-    gm: torch.fx.GraphModule, example_inputs: list[Any] | None = None
+    gm: torch.fx.GraphModule, example_inputs: list[Any] | tuple[Any, ...] | None = None
 ) -> ConcretizeReport:
     """Replace the chunk symbols of ``gm`` (and its subgraphs) by their hints; see module doc.
 
     ``example_inputs``, when a list, has its fake tensors carrying chunk symbols replaced in
     place by concrete ones, so it keeps matching the placeholders.
     """
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(
+            f"concretize_chunk_symbols: gm must be a torch.fx.GraphModule, got {type(gm).__name__}"
+        )
+    if example_inputs is not None and not isinstance(example_inputs, (list, tuple)):
+        raise TypeError(
+            "concretize_chunk_symbols: example_inputs must be a list (or tuple, left unchanged) "
+            f"or None, got {type(example_inputs).__name__}"
+        )
     with gc_paused():
         return _concretize(gm, example_inputs)
 
 
-def _concretize(gm: torch.fx.GraphModule, example_inputs: list[Any] | None) -> ConcretizeReport:
+def _concretize(
+    gm: torch.fx.GraphModule, example_inputs: list[Any] | tuple[Any, ...] | None
+) -> ConcretizeReport:
     hints: dict[str, int] | None = gm.meta.get(CHUNK_SYMBOLS_META)
     if hints is None:
         hints = {s.name: h for s, h in find_chunk_symbols(gm.graph, 1).items()}

@@ -36,7 +36,9 @@ class ChunkConfig:
         if isinstance(patterns, str):
             patterns = (patterns,)
         if not isinstance(patterns, Sequence) or not patterns:
-            raise ValueError("ChunkConfig.module_patterns must be a non-empty sequence of str")
+            raise ValueError(
+                f"ChunkConfig.module_patterns must be a non-empty sequence of str, got {patterns!r}"
+            )
         if not all(isinstance(p, str) and p.strip() for p in patterns):
             raise ValueError(f"ChunkConfig.module_patterns must hold non-empty str: {patterns!r}")
         object.__setattr__(self, "module_patterns", tuple(patterns))
@@ -53,6 +55,10 @@ class ChunkConfig:
         inputs = self.chunk_inputs
         if isinstance(inputs, str):
             inputs = (inputs,)
+        if not isinstance(inputs, Sequence):
+            raise ValueError(
+                f"ChunkConfig.chunk_inputs must be a sequence of placeholder names, got {inputs!r}"
+            )
         if not all(isinstance(i, str) and i for i in inputs):
             raise ValueError(f"ChunkConfig.chunk_inputs must hold placeholder names: {inputs!r}")
         object.__setattr__(self, "chunk_inputs", tuple(inputs))

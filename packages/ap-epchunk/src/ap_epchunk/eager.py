@@ -34,6 +34,8 @@ class EagerChunked(nn.Module):
 
     def __init__(self, module: nn.Module, dim: int, num_chunks: int) -> None:
         super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"EagerChunked: module must be an nn.Module, got {type(module).__name__}")
         if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 2:
             raise ValueError(f"EagerChunked: num_chunks must be an int >= 2, got {num_chunks!r}")
         if isinstance(dim, bool) or not isinstance(dim, int):

@@ -18,3 +18,7 @@ class ChunkError(ValueError):
         self.node_name = node.name if isinstance(node, torch.fx.Node) else node
         where = f"node {self.node_name!r}: " if self.node_name is not None else ""
         super().__init__(f"{where}{reason}")
+
+
+class UnsupportedTorchError(RuntimeError):
+    """This torch lacks an internal the package needs (supported: ``>=2.13,<2.16``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ._compat import mark_unbacked_fn
 from .errors import ChunkError
 
 #: Attribute on a real tensor: ``{dim: hint}`` of the chunk dims marked on it.
@@ -25,7 +26,11 @@ def mark_chunk_dim(tensor: torch.Tensor, dim: int, *, hint: int | None) -> torch
     static (nothing is marked for Dynamo; the extent is the tensor's own size).
     """
     if not isinstance(tensor, torch.Tensor):
-        raise ChunkError(f"mark_chunk_dim expects a tensor, got {type(tensor).__name__}")
+        raise ChunkError(
+            f"mark_chunk_dim: tensor must be a torch.Tensor, got {type(tensor).__name__}"
+        )
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise ChunkError(f"mark_chunk_dim: dim must be an int, got {dim!r}")
     if tensor.dim() == 0:
         raise ChunkError(f"mark_chunk_dim: cannot mark dim {dim} of a 0-d tensor")
     if not -tensor.dim() <= dim < tensor.dim():
@@ -34,9 +39,7 @@ def mark_chunk_dim(tensor: torch.Tensor, dim: int, *, hint: int | None) -> torch
     if hint is not None:
         if isinstance(hint, bool) or not isinstance(hint, int) or hint < 2:
             raise ChunkError(f"mark_chunk_dim: hint must be an int >= 2, got {hint!r}")
-        from torch._dynamo.decorators import mark_unbacked
-
-        mark_unbacked(tensor, dim, hint_override=hint)
+        mark_unbacked_fn()(tensor, dim, hint_override=hint)
     marks = dict(getattr(tensor, CHUNK_DIMS_ATTR, {}))
     marks[dim] = hint
     setattr(tensor, CHUNK_DIMS_ATTR, marks)

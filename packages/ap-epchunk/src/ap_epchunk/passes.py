@@ -47,6 +47,8 @@ def gc_paused() -> Iterator[None]:
 
 def chunk_pass(gm: torch.fx.GraphModule, config: ChunkConfig) -> ChunkReport:
     """Split the regions selected by ``config`` into ``config.num_chunks`` chunks."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"chunk_pass: gm must be a torch.fx.GraphModule, got {type(gm).__name__}")
     if not isinstance(config, ChunkConfig):
         raise TypeError(f"chunk_pass expects a ChunkConfig, got {type(config).__name__}")
     require_internals()

@@ -98,6 +98,8 @@ def _fakeify(args: Any, fake_mode: FakeTensorMode) -> Any:
 
 def trace_joint(step: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
     """Trace ``step(*args)`` (forward, loss and ``torch.autograd.grad``) into one graph."""
+    if not callable(step):
+        raise TypeError(f"trace_joint: step must be callable, got {type(step).__name__}")
     require_internals()
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     fake_args = _fakeify(args, fake_mode)
