@@ -63,7 +63,7 @@ def test_moe_with_ep_chunk_matches_eager_chunking() -> None:
         module_patterns=("layers.*.moe",), num_chunks=2, early_grad_accumulation=False
     )
     spec = TrainSpec(
-        model=ModelConfig(n_layers=1, attention="matmul", moe=True),
+        model=ModelConfig(n_layers=1, attention="matmul", moe=True, batch=4),
         variants=(Variant("chunk", {"ep_chunk": chunk}),),
         steps=2,
     )

@@ -46,7 +46,14 @@ def build_spec(opts: DemoOptions) -> TrainSpec:
         kwargs["ep_chunk"] = ChunkConfig(
             module_patterns=("layers.*.moe",), num_chunks=2, early_grad_accumulation=False
         )
-    model = ModelConfig(n_layers=opts.layers, moe=opts.chunk, attention=opts.attention)  # type: ignore[arg-type]
+    # Chunking splits the batch dim of the token input: 4 sequences make chunks of 2 (a static
+    # chunk of 1 cannot be told apart from broadcasting).
+    model = ModelConfig(
+        n_layers=opts.layers,
+        moe=opts.chunk,
+        attention=opts.attention,  # type: ignore[arg-type]
+        batch=4 if opts.chunk else 2,
+    )
     return TrainSpec(
         model=model,
         variants=(Variant("autoparallel", kwargs, first_compile_ac=opts.ac),),
