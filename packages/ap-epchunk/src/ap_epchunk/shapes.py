@@ -186,8 +186,20 @@ class StaticShapes(ChunkShapes):
 
     def _run(self, graph: torch.fx.Graph) -> None:
         import contextlib
+        import logging
 
         mode = self.fake_mode if self.fake_mode is not None else contextlib.nullcontext()
+        # a probe that fails is an answer ("unknown"), not an error: keep the fake-tensor
+        # logger from printing a traceback for each one, and restore its level afterwards
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+        level = fake_log.level
+        fake_log.setLevel(logging.CRITICAL)
+        try:
+            self._probe_all(graph, mode)
+        finally:
+            fake_log.setLevel(level)
+
+    def _probe_all(self, graph: torch.fx.Graph, mode: Any) -> None:
         for node in graph.nodes:
             if node.op != "call_function":
                 continue
