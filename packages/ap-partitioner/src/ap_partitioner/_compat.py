@@ -73,6 +73,23 @@ def partitioners() -> ModuleType:
     return mod
 
 
+def deferred_codegen_module(
+    root: fx.GraphModule, graph: fx.Graph, class_name: str
+) -> fx.GraphModule:
+    """A GraphModule over ``graph`` whose Python code is generated on first use, not now.
+
+    The partitioner's working joint module is never run: torch's prologue and extraction only
+    read its graph, yet an eager ``GraphModule`` regenerates and ``exec``s its code on
+    construction and on every ``graph`` assignment (seconds on large joints). torch's own
+    ``_LazyGraphModule`` defers that; where it is missing we fall back to an eager module.
+    """
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover - present in every supported torch
+        return fx.GraphModule(root, graph, class_name)
+    return _LazyGraphModule(root, graph, class_name)
+
+
 def is_with_effects(node: fx.Node) -> bool:
     """True for a ``with_effects`` node (an effectful op threaded through a token)."""
     from torch._functorch._aot_autograd.utils import is_with_effects as _is_with_effects

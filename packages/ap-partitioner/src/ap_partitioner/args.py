@@ -16,6 +16,8 @@ import torch.fx as fx
 from ap_tags import PROJECT_CUSTOM_KEYS
 from torch.utils.checkpoint import CheckpointPolicy
 
+from ap_partitioner import _compat
+
 
 def _kind(value: object) -> str:
     return type(value).__name__
@@ -111,13 +113,17 @@ def _output_count(gm: fx.GraphModule) -> int:
 
 def working_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A new GraphModule over a node-by-node copy of ``gm.graph`` (same names; each node's
-    ``meta`` dict shallow-copied, so top-level tag writes never reach the caller's nodes)."""
+    ``meta`` dict shallow-copied, so top-level tag writes never reach the caller's nodes).
+
+    Its code is generated lazily: the working copy is only read as a graph, and an eager
+    recompile here (and after each graph replacement in the prologue) cost more than the copy.
+    """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in gm.graph.nodes:
-        env[node] = graph.node_copy(node, lambda n: env[n])
+        env[node] = graph.node_copy(node, env.__getitem__)
     graph._codegen = gm.graph._codegen
-    return fx.GraphModule(gm, graph, gm.__class__.__name__)
+    return _compat.deferred_codegen_module(gm, graph, gm.__class__.__name__)
 
 
 def sanitize_tags(gm: fx.GraphModule, bad_nodes: Iterable[str]) -> None:

@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ap_partitioner import _compat
+from ap_partitioner._gcpause import paused_gc
 from ap_partitioner.args import (
     check_bool,
     check_call,
@@ -119,7 +120,7 @@ class SaveAllPartitioner(CustomPartitionerFn):
         _compat.partitioners()  # an unsupported torch fails before anything runs
         start = time.perf_counter()
         scope = wait_tensor_dce() if self.dce_unused_waits else contextlib.nullcontext()
-        with scope:
+        with paused_gc(), scope:
             fw, bw, extra = self._partition(gm, joint_inputs, num_fwd_outputs, static, compiler)
         report = build_report(
             extra.pop("partitioner", self.name),
