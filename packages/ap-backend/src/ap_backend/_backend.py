@@ -152,6 +152,15 @@ class AutoParallelBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
 
+        if not isinstance(gm, torch.fx.GraphModule):
+            raise TypeError(
+                f"autoparallel_backend: gm must be a torch.fx.GraphModule, got {type(gm).__name__}"
+            )
+        if not isinstance(example_inputs, list | tuple):
+            raise TypeError(
+                "autoparallel_backend: example_inputs must be a list or tuple, got "
+                f"{type(example_inputs).__name__}"
+            )
         opts = self.options
         joint: dict[str, Callable[..., Any]] = {}
         if opts.enable_ac or opts.ep_chunk is not None:

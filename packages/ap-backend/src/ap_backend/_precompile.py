@@ -112,6 +112,10 @@ def precompile(
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"precompile: module must be an nn.Module, got {type(module).__name__}")
+    if not isinstance(example_args, tuple | list):
+        raise TypeError(
+            f"precompile: example_args must be a tuple or list, got {type(example_args).__name__}"
+        )
     if joint_pass is not None and not callable(joint_pass):
         raise TypeError(f"precompile: joint_pass must be callable, got {joint_pass!r}")
     export_joint, compile_joint = _joint_export_api()

@@ -32,6 +32,10 @@ def _is_view(node: torch.fx.Node) -> bool:
 
 def is_all_gather_output(node: torch.fx.Node) -> bool:
     """True if ``node`` is a wait on an all-gather, or a view chain ending in one."""
+    if not isinstance(node, torch.fx.Node):
+        raise TypeError(
+            f"is_all_gather_output: expected a torch.fx.Node, got {type(node).__name__}"
+        )
     cur: torch.fx.Node | None = node
     while cur is not None and cur.op == "call_function":
         if cur.target is torch.ops._c10d_functional.wait_tensor.default:

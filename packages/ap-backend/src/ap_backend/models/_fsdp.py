@@ -30,6 +30,18 @@ class Sharding:
     rank: int
     gather_dtype: torch.dtype | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int):
+            raise ValueError(f"Sharding: world_size must be an int >= 1, got {self.world_size!r}")
+        if self.world_size < 1:
+            raise ValueError(f"Sharding: world_size must be an int >= 1, got {self.world_size!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
+            raise ValueError(f"Sharding: rank must be an int, got {self.rank!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"Sharding: rank {self.rank} is out of range for world_size {self.world_size}"
+            )
+
     @staticmethod
     def from_world(gather_dtype: torch.dtype | None = None) -> Sharding:
         """The default process group (gloo or the fake PG) must already be initialised."""
@@ -68,6 +80,11 @@ def gather(shard: torch.Tensor, sharding: Sharding) -> torch.Tensor:
     """All-gather a dim-0 shard into the full tensor (autograd: reduce-scatter of the grad)."""
     if sharding.world_size == 1:
         return shard if sharding.gather_dtype is None else shard.to(sharding.gather_dtype)
+    if not dist.is_initialized():
+        raise RuntimeError(
+            f"gather: process group {sharding.group_name!r} is not available "
+            "(torch.distributed is not initialised)"
+        )
     x = shard if sharding.gather_dtype is None else shard.to(sharding.gather_dtype)
     out = torch.ops._c10d_functional.all_gather_into_tensor(
         x, sharding.world_size, sharding.group_name

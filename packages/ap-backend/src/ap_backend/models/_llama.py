@@ -49,6 +49,22 @@ class ModelConfig:
     top_k: int = 2
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab", "seq_len", "batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelConfig: {name} must be a positive int, got {value!r}")
+        if self.dim % self.n_heads != 0:
+            raise ValueError(f"ModelConfig: n_heads {self.n_heads} must divide dim {self.dim}")
+        if self.attention not in ("sdpa", "matmul"):
+            raise ValueError(
+                f"ModelConfig: attention must be 'sdpa' or 'matmul', got {self.attention!r}"
+            )
+        if self.moe and not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(
+                f"ModelConfig: top_k {self.top_k} must be between 1 and n_experts {self.n_experts}"
+            )
+
     def with_(self, **changes: object) -> ModelConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
 
