@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,8 +191,12 @@ CASES.append(Case("SaveAllPartitioner/registry_not_a_set", _save_all(), Unsuppor
 
 
 @pytest.fixture(autouse=True)
-def _quiet() -> None:
-    logging.getLogger("ap_partitioner").setLevel(logging.ERROR)
+def _quiet() -> Iterator[None]:
+    logger = logging.getLogger("ap_partitioner")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(previous)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import ap_tags
@@ -34,8 +35,13 @@ SAFETY = settings(max_examples=200, deadline=None, derandomize=True, database=No
 
 
 @pytest.fixture(autouse=True)
-def _quiet_fallback_warnings() -> None:
-    logging.getLogger("ap_partitioner").setLevel(logging.ERROR)
+def _quiet_fallback_warnings() -> Iterator[None]:
+    """Fallback warnings are expected here by the hundred; restore the level afterwards."""
+    logger = logging.getLogger("ap_partitioner")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(previous)
 
 
 @SAFETY
@@ -92,7 +98,6 @@ def _observe(joint: RandomJoint) -> None:
 
 
 def test_generator_exercises_replay_fallback_and_collectives() -> None:
-    logging.getLogger("ap_partitioner").setLevel(logging.ERROR)
     _SEEN.clear()
     _observe()
     assert {"fell_back", "replayed", "collectives", "saved_activations"} <= _SEEN
