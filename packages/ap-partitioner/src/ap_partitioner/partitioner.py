@@ -153,7 +153,7 @@ class SaveAllPartitioner(CustomPartitionerFn):
             return self._fallback(clean, joint_inputs, num_fwd_outputs, static, compiler,
                                   reason, [], ())
         # the replay works on a copy: a refusal leaves the caller's graph exactly as it was
-        pro = run_prologue(working_copy(gm), num_fwd_outputs)
+        pro = run_prologue(gm, num_fwd_outputs)
         notes = tuple(f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged)
         info = mod.classify_nodes(pro.module, static, num_fwd_outputs)
         if len(info.required_bw_nodes) == 0:

@@ -17,6 +17,8 @@ re-tags it MUST_SAVE first, names it in the report and logs a warning, on every 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch.fx as fx
@@ -24,6 +26,7 @@ from torch._functorch import config as functorch_config
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
+from ap_partitioner.args import working_copy
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +68,61 @@ def save_effectful_instead_of_recompute(graph: fx.Graph) -> tuple[str, ...]:
     return names
 
 
-def run_prologue(joint_module: fx.GraphModule, num_fwd_outputs: int) -> Prologue:
-    """Normalize ``joint_module`` in place (its graph may be replaced by CSE's)."""
-    mod = _compat.partitioners()
-    joint_module.graph.eliminate_dead_code()
-    joint_module.recompile()
+def dce_would_remove_nothing(graph: fx.Graph) -> bool:
+    """True when ``eliminate_dead_code`` provably has nothing to do, decided without mutating.
+
+    DCE only erases nodes without users (placeholders and the output never), cascading from
+    those; with no user-less node there is nothing to start from. It also recurses into
+    ``get_attr`` subgraph modules, so any ``get_attr`` makes the answer "maybe" (False).
+    """
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            return False
+        if not node.users and node.op not in ("placeholder", "output"):
+            return False
+    return True
+
+
+@contextmanager
+def _meta_key_restored(graph: fx.Graph, key: str) -> Iterator[None]:
+    """Put ``meta[key]`` of every node back as it was (torch's CSE stamps
+    ``mutation_region_id`` on the graph it reads)."""
+    missing = object()
+    before = [(node, node.meta.get(key, missing)) for node in graph.nodes]
+    try:
+        yield
+    finally:
+        for node, value in before:
+            if value is missing:
+                node.meta.pop(key, None)
+            else:
+                node.meta[key] = value
+
+
+def normalized_copy(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
+    """min-cut's DCE + CSE, applied to a copy: ``joint_module`` is left exactly as it was.
+
+    CSE already builds a new graph (node metas shallow-copied), so when DCE provably removes
+    nothing that graph *is* the copy, and the node-by-node working copy (a full extra graph
+    copy) is skipped. Otherwise DCE runs on a working copy first, as before.
+    """
+    if functorch_config.cse and dce_would_remove_nothing(joint_module.graph):
+        with _meta_key_restored(joint_module.graph, "mutation_region_id"):
+            graph = _compat.joint_graph_cse(joint_module, num_fwd_outputs)
+        name = joint_module.__class__.__name__
+        return _compat.deferred_codegen_module(joint_module, graph, name)
+    copy = working_copy(joint_module)
+    copy.graph.eliminate_dead_code()
+    copy.recompile()
     if functorch_config.cse:
-        joint_module.graph = _compat.joint_graph_cse(joint_module, num_fwd_outputs)
+        copy.graph = _compat.joint_graph_cse(copy, num_fwd_outputs)
+    return copy
+
+
+def run_prologue(joint_module: fx.GraphModule, num_fwd_outputs: int) -> Prologue:
+    """Normalize a copy of ``joint_module`` (the caller's graph is not touched)."""
+    mod = _compat.partitioners()
+    joint_module = normalized_copy(joint_module, num_fwd_outputs)
     has_recompute = bool(mod.has_recomputable_ops(joint_module))
     has_rng = bool(mod.has_recomputable_rng_ops(joint_module))
     if has_recompute:
