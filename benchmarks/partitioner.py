@@ -6,7 +6,8 @@ repeats, each on a fresh deep copy made outside the timed region (partitioners m
 input), after one warm-up call each (the first call pays torch's lazy imports), repeats
 interleaved, ``gc.collect()`` before every call, under the lazy-codegen setting torch.compile
 uses. Min-cut is timed twice: as torch ships it, and with the cyclic GC paused from outside
-(SaveAll pauses it itself), so the comparison can be read like for like. Each call is split
+(SaveAll pauses it itself; the sweep that re-enabling triggers is timed for both), so the
+comparison can be read like for like. Each call is split
 into phases at torch's ``classify_nodes`` and ``_extract_fwd_bwd_modules``.
 
 Memory: bytes of activations the forward keeps for the backward, bytes of those that are
@@ -94,6 +95,9 @@ def _timed_call(make: Any, joint: CapturedJoint, pause_gc: bool) -> dict[str, fl
         with _phase_marks(marks):
             start = time.perf_counter()
             part(gm, [], **joint.kwargs)
+            if pause_gc:  # pay the young-generation sweep re-enabling triggers, as SaveAll does
+                gc.enable()
+                gc.collect(0)
             end = time.perf_counter()
     finally:
         if pause_gc:

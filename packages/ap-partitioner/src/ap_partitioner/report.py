@@ -128,8 +128,9 @@ def build_report(
     mod = _compat.partitioners()
     saved = _saved_outputs(fw_module, num_fwd_outputs)
     syms = [n for n in saved if mod.is_sym_node(n)]
-    opaques = [n for n in saved if n not in syms and mod.is_opaque_node(n)]
-    tensors = [n for n in saved if n not in syms and n not in opaques]
+    opaques = [n for n in saved if not mod.is_sym_node(n) and mod.is_opaque_node(n)]
+    not_tensors = {*syms, *opaques}  # a set: saved lists run to hundreds of values
+    tensors = [n for n in saved if n not in not_tensors]
     inputs = [n for n in tensors if n.op == "placeholder"]
     acts = [n for n in tensors if n.op != "placeholder"]
     gathered = [n for n in acts if is_all_gather_output(n)]
