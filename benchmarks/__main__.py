@@ -2,8 +2,8 @@
 
     uv run python -m benchmarks [--quick] [--json PATH] [--plots DIR] [--only SECTION ...]
 
-Every section module exposes ``run(quick: bool) -> dict`` and ``markdown(result) -> str``; a
-section may also expose ``plot(result, directory) -> list[str]`` to draw time-vs-size PNGs.
+Every section module exposes ``run(quick: bool) -> dict`` and ``markdown(result) -> str``;
+:mod:`benchmarks._plots` draws the time-vs-size PNGs of sections 2–4.
 Absolute times on a shared 2-core machine are noisy, so sections report medians of repeated
 runs and the ratios the goals are stated in.
 """
@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks._plots import plot_section
 
 #: (module, heading) in the order of SPEC §8 / the benchmark issue.
 SECTIONS: tuple[tuple[str, str], ...] = (
@@ -72,9 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         data["sections"][name] = result
         print(f"## {heading}\n\n{module.markdown(result)}\n\n_section wall time {elapsed:.1f} s_\n",
               flush=True)
-        if args.plots is not None and hasattr(module, "plot"):
-            args.plots.mkdir(parents=True, exist_ok=True)
-            for path in module.plot(result, args.plots):
+        if args.plots is not None:
+            for path in plot_section(name, result, args.plots):
                 print(f"plot: {path}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

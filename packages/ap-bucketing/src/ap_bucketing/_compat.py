@@ -56,11 +56,3 @@ def wait_tensor_op() -> Any:
     """The functional ``wait_tensor`` overload every bucketing predicate keys on."""
     return torch.ops._c10d_functional.wait_tensor.default
 
-
-def roofline_needs_accelerator() -> bool:
-    """Whether overlap scheduling's roofline estimator fails without a GPU (2.13 and 2.14).
-
-    2.15 falls back to analytical numbers with a warning; earlier versions query the GPU's DRAM
-    bandwidth through triton and raise on a CPU-only machine.
-    """
-    return torch_version() < (2, 15)

@@ -76,13 +76,15 @@ _estimator_original: Any = None
 def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
     """Make overlap scheduling's estimators work without a GPU for the block (nestable).
 
-    On torch 2.13/2.14 replaces ``overlap_scheduling.estimate_roofline_runtime_ms`` (it queries
-    the GPU's DRAM bandwidth) with ``cpu_runtime_estimation`` and restores the exact original on
-    exit; on 2.15 it changes nothing (the roofline falls back by itself).
+    Replaces ``overlap_scheduling.estimate_roofline_runtime_ms`` with ``cpu_runtime_estimation``
+    and restores the exact original on exit. On torch 2.13/2.14 the roofline queries the GPU's
+    DRAM bandwidth and raises without one; on 2.15 it falls back by itself but logs two
+    warnings per compute node ("No accelerator available for ... estimation"), thousands per
+    compile, so it is replaced there too.
     """
     global _estimator_depth, _estimator_original
     require_bool("cpu_overlap_estimators", "enabled", enabled)
-    if not enabled or not _compat.roofline_needs_accelerator():
+    if not enabled:
         yield
         return
     mod: Any = _compat.module(_compat.OVERLAP_MODULE)
