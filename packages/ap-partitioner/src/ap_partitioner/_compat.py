@@ -183,12 +183,39 @@ def is_getitem(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem
 
 
+def _dropout_statically_zero(node: fx.Node) -> bool:
+    """An SDPA-family op whose ``dropout_p`` argument is the literal 0 (2.13 has no
+    ``is_rng_op`` to ask)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    names = [arg.name for arg in target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    idx = names.index("dropout_p")
+    if len(node.args) > idx:
+        value = node.args[idx]
+    elif "dropout_p" in node.kwargs:
+        value = node.kwargs["dropout_p"]
+    else:
+        value = target._schema.arguments[idx].default_value
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
 def is_random(node: fx.Node) -> bool:
-    """An op whose recomputation would draw different random numbers."""
-    target: Callable[..., Any] | Any = node.target
+    """An op whose recomputation would draw different random numbers.
+
+    Decided as torch's partitioners decide it (``partitioners.is_rng_op``, 2.14+): the
+    ``nondeterministic_seeded`` tag, except for SDPA-family ops whose ``dropout_p`` is known to
+    be 0 -- the tag is on the op (it *may* use dropout), but with no dropout flash attention is
+    deterministic and torch recomputes it freely (the first compilation's backward may do so).
+    """
     if node.op != "call_function":
         return False
-    if getattr(target, "_nondeterministic_seeded", False):
-        return True
-    tags = getattr(target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
+    target: Callable[..., Any] | Any = node.target
+    if not isinstance(target, torch._ops.OpOverload):  # (an OpOverload mirrors its tags here)
+        return bool(getattr(target, "_nondeterministic_seeded", False))
+    torch_rule = getattr(partitioners(), "is_rng_op", None)
+    if torch_rule is not None:
+        return bool(torch_rule(node))
+    return torch.Tag.nondeterministic_seeded in target.tags and not _dropout_statically_zero(node)

@@ -25,6 +25,7 @@ import torch.fx.traceback as fx_traceback
 
 from ._args import check_num_fwd_outputs, require_graph_module
 from ._compat import require_fx_traceback
+from .recomputed import release_recomputed_saves
 from .saved import SavedOutputsReport, tag_saved_outputs
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,10 @@ def preserve_meta_compiler(
 
     ``tag_forward=True`` (use it for ``fw_compiler`` only) first stamps ``ap_must_save`` on the
     values the partition saved (``tag_saved_outputs``); user outputs are told apart by the
-    output descriptors or by ``num_fwd_outputs``.
+    output descriptors or by ``num_fwd_outputs``. Otherwise, on a backward graph, the forward
+    ops the partition recomputed there lose the save tags they inherited from the joint
+    (``release_recomputed_saves``), so the second compilation does not save what the first
+    recomputed.
     """
     require_fx_traceback("preserve_node_meta", "set_current_meta")
     if not isinstance(tag_forward, bool):
@@ -66,6 +70,8 @@ def preserve_meta_compiler(
         if tag_forward:
             report = tag_saved_outputs(gm, num_fwd_outputs=num_fwd_outputs)
             log.debug("preserve_meta_compiler tagged %s", report)
+        else:
+            release_recomputed_saves(gm)
         return InterpretedGraph(gm, report)
 
     return compile_graph

@@ -1,0 +1,82 @@
+"""``release_recomputed_saves``: a backward graph's recomputed forward ops carry no save tags.
+
+When the first partition recomputes a forward op in the backward (AC staged it
+``PREFER_RECOMPUTE``, or it is a multi-output op whose tuple torch's ``default_partition`` never
+saves even when tagged ``MUST_SAVE``), extraction copies the joint node's meta onto the backward
+copy: the copy keeps ``recompute=MUST_SAVE`` from the joint, and shares the joint node's
+``custom`` dict (``node_copy`` copies meta shallowly), so the ``ap_must_save`` that
+``tag_saved_outputs`` later writes on the *forward* node shows up on the backward copy too.
+Interpreting the backward graph under ``preserve_node_meta`` carries both into the second
+compilation, where the save-all partitioner then saves the copy's outputs -- the forward runs
+the op twice and keeps a value the first partition never kept (SDPA's output, with AC on).
+
+The first partition's decision for such a node was "recompute", so its save directives are
+stale: drop them, on the copy only. The forward node keeps its tags (the copy gets its own
+``custom`` dict; nothing shared is mutated).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch.fx
+
+from ._args import require_graph_module
+from ._compat import checkpoint_policy
+from .keys import CUSTOM, MUST_SAVE, MUST_SAVE_INDICES, RECOMPUTE
+
+log = logging.getLogger(__name__)
+
+#: ``partitioner_tag`` values AOTAutograd puts on forward ops; in a backward graph they mark
+#: the ops the partition recomputed there.
+_FORWARD_TAGS = ("is_forward", "must_be_in_forward")
+
+
+def is_backward_graph(gm: torch.fx.GraphModule) -> bool:
+    """A graph ``_extract_fwd_bwd_modules`` extracted as the backward: it marks every backward
+    ``call_function`` ``autograd_backward`` (2.13-2.15)."""
+    return any(n.meta.get("autograd_backward") is True for n in gm.graph.nodes)
+
+
+def is_recomputed_forward_op(node: torch.fx.Node) -> bool:
+    """A forward op in a backward graph: the partition recomputed it there."""
+    return node.op == "call_function" and node.meta.get("partitioner_tag") in _FORWARD_TAGS
+
+
+def _stale(node: torch.fx.Node) -> tuple[bool, bool]:
+    policy = checkpoint_policy()
+    custom = node.meta.get(CUSTOM)
+    has_replay = isinstance(custom, dict) and (MUST_SAVE in custom or MUST_SAVE_INDICES in custom)
+    saves = node.meta.get(RECOMPUTE) in (policy.MUST_SAVE, policy.PREFER_SAVE)
+    return has_replay, saves
+
+
+def release_recomputed_saves(bw_gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """Drop ``ap_must_save``/its indices and a ``MUST_SAVE``/``PREFER_SAVE`` policy from the
+    recomputed forward ops of a backward graph; return the names of the nodes changed.
+
+    A graph that is not a backward graph is left alone (a forward graph's save tags are the
+    point). ``MUST_RECOMPUTE``/``PREFER_RECOMPUTE`` stay: they already say "recompute".
+    """
+    require_graph_module(bw_gm, "release_recomputed_saves", "bw_gm")
+    if not is_backward_graph(bw_gm):
+        return ()
+    changed: list[str] = []
+    for node in bw_gm.graph.nodes:
+        if not is_recomputed_forward_op(node):
+            continue
+        has_replay, saves = _stale(node)
+        if not (has_replay or saves):
+            continue
+        if has_replay:
+            custom: dict[str, Any] = dict(node.meta[CUSTOM])  # own copy: the dict is shared
+            custom.pop(MUST_SAVE, None)
+            custom.pop(MUST_SAVE_INDICES, None)
+            node.meta[CUSTOM] = custom
+        if saves:
+            del node.meta[RECOMPUTE]
+        changed.append(node.name)
+    if changed:
+        log.debug("release_recomputed_saves: %s", changed)
+    return tuple(changed)
