@@ -37,6 +37,7 @@ from .keys import (
     RECOMPUTE,
 )
 from .module_fqns import annotate_module_fqns
+from .recomputed import release_recomputed_saves
 from .saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
 from .validate import node_tag_problems, validate_tags
 
@@ -78,6 +79,7 @@ __all__ = [
     "node_tag_problems",
     "preserve_meta_compiler",
     "recompute_policy",
+    "release_recomputed_saves",
     "set_recompute",
     "tag_saved_outputs",
     "validate_tags",

@@ -1,0 +1,98 @@
+"""release_recomputed_saves: a backward graph's recomputed forward ops lose inherited save tags.
+
+The first partition recomputed these ops in the backward; the save directives they carry were
+copied from the joint (``recompute``) or are the *forward* node's ``custom`` dict, shared by
+``node_copy``. Retraced into the second compilation they would make the replay save a value
+the first partition recomputed.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from ap_tags import (
+    CUSTOM,
+    MUST_SAVE,
+    MUST_SAVE_INDICES,
+    RECOMPUTE,
+    preserve_meta_compiler,
+    release_recomputed_saves,
+)
+from torch.utils.checkpoint import CheckpointPolicy
+
+aten = torch.ops.aten
+SDPA = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _graphs(*, backward: bool = True) -> tuple[torch.fx.GraphModule, dict[str, torch.fx.Node],
+                                               dict[str, object]]:
+    """A backward-like graph: a recomputed SDPA (forward op) feeding a real backward op.
+
+    The SDPA copy shares ``shared`` as its ``custom`` dict, as extraction leaves it."""
+    g = torch.fx.Graph()
+    q = g.placeholder("q")
+    grad = g.placeholder("tangents_1")
+    sdpa = g.create_node("call_function", SDPA, (q, q, q), name="sdpa")
+    out = g.create_node("call_function", operator.getitem, (sdpa, 0), name="out")
+    gather = g.create_node("call_function", aten.t.default, (q,), name="gather")
+    mul = g.create_node("call_function", aten.mul.Tensor, (out, grad), name="mul")
+    g.output((mul, gather))
+    shared: dict[str, object] = {MUST_SAVE: True, MUST_SAVE_INDICES: [1], "module_fqn": "attn"}
+    for node, tag in ((sdpa, "is_forward"), (out, "is_forward"), (gather, "is_forward"),
+                      (mul, "is_backward")):
+        node.meta["partitioner_tag"] = tag
+        if backward:
+            node.meta["autograd_backward"] = True
+    sdpa.meta[CUSTOM] = shared
+    sdpa.meta[RECOMPUTE] = CheckpointPolicy.MUST_SAVE
+    out.meta[RECOMPUTE] = CheckpointPolicy.PREFER_SAVE
+    gather.meta[RECOMPUTE] = CheckpointPolicy.MUST_RECOMPUTE
+    mul.meta[CUSTOM] = {MUST_SAVE: True}  # a genuine backward node: left alone
+    mul.meta[RECOMPUTE] = CheckpointPolicy.MUST_SAVE
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    return gm, {n.name: n for n in gm.graph.nodes}, shared
+
+
+def test_recomputed_forward_ops_lose_save_tags() -> None:
+    gm, n, shared = _graphs()
+    changed = release_recomputed_saves(gm)
+    sdpa = n["sdpa"]
+    assert set(changed) == {"sdpa", "out"}
+    assert sdpa.meta[CUSTOM] == {"module_fqn": "attn"}  # other keys kept
+    assert RECOMPUTE not in sdpa.meta and RECOMPUTE not in n["out"].meta
+
+
+def test_shared_custom_dict_is_not_mutated() -> None:
+    """The forward node holds the same dict: its replay tag must survive."""
+    gm, n, shared = _graphs()
+    release_recomputed_saves(gm)
+    assert shared == {MUST_SAVE: True, MUST_SAVE_INDICES: [1], "module_fqn": "attn"}
+    assert n["sdpa"].meta[CUSTOM] is not shared
+
+
+def test_recompute_policies_and_backward_ops_are_kept() -> None:
+    gm, n, _ = _graphs()
+    release_recomputed_saves(gm)
+    assert n["gather"].meta[RECOMPUTE] is CheckpointPolicy.MUST_RECOMPUTE
+    assert n["mul"].meta[RECOMPUTE] is CheckpointPolicy.MUST_SAVE
+    assert n["mul"].meta[CUSTOM] == {MUST_SAVE: True}
+
+
+def test_forward_graph_is_left_alone() -> None:
+    gm, n, shared = _graphs(backward=False)
+    assert release_recomputed_saves(gm) == ()
+    sdpa = n["sdpa"]
+    assert sdpa.meta[CUSTOM] is shared
+    assert sdpa.meta[RECOMPUTE] is CheckpointPolicy.MUST_SAVE
+
+
+def test_backward_compiler_releases_but_forward_compiler_does_not() -> None:
+    gm, n, _ = _graphs()
+    preserve_meta_compiler()(gm, [])
+    assert RECOMPUTE not in n["sdpa"].meta
+    gm, n, _ = _graphs()
+    preserve_meta_compiler(tag_forward=True, num_fwd_outputs=2)(gm, [])
+    assert n["sdpa"].meta[RECOMPUTE] is (
+        CheckpointPolicy.MUST_SAVE
+    )
