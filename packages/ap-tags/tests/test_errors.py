@@ -195,6 +195,11 @@ for accessor in ["custom_meta", "is_must_save", "must_save_indices", "recompute_
                  "ac_graph_id", "module_fqn", "mark_must_save", "node_tag_problems"]:
     CASES.append(Case(f"{accessor}/node=str", lambda gm, n, a=accessor: getattr(T, a)("relu"),
                       TypeError, (accessor, "torch.fx.Node", "str")))
+for bad in ["gm", None, torch.fx.Graph()]:
+    CASES.append(Case(f"release_recomputed_saves/bw_gm={type(bad).__name__}",
+                      lambda gm, b=bad: T.release_recomputed_saves(b),  # type: ignore[arg-type]
+                      TypeError, ("release_recomputed_saves", "bw_gm", "GraphModule",
+                                  type(bad).__name__)))
 CASES.append(Case("set_recompute/node=str",
                   lambda gm, n: T.set_recompute("relu", P.MUST_SAVE),  # type: ignore[arg-type]
                   TypeError, ("set_recompute", "torch.fx.Node", "str")))
