@@ -197,7 +197,7 @@ for accessor in ["custom_meta", "is_must_save", "must_save_indices", "recompute_
                       TypeError, (accessor, "torch.fx.Node", "str")))
 for bad in ["gm", None, torch.fx.Graph()]:
     CASES.append(Case(f"release_recomputed_saves/bw_gm={type(bad).__name__}",
-                      lambda gm, b=bad: T.release_recomputed_saves(b),  # type: ignore[arg-type]
+                      lambda gm, n, b=bad: T.release_recomputed_saves(b),  # type: ignore[arg-type]
                       TypeError, ("release_recomputed_saves", "bw_gm", "GraphModule",
                                   type(bad).__name__)))
 CASES.append(Case("set_recompute/node=str",
