@@ -41,6 +41,7 @@ def _environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "cores": os.cpu_count(),
         "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
     }
 
 
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
     env = _environment()
     print(f"# ap benchmarks ({'quick' if args.quick else 'full'}) — {env['date']}, torch "
-          f"{env['torch']}, {env['cores']} cores, {env['ram_gib']} GiB RAM\n")
+          f"{env['torch']}, {env['cores']} cores, {env['ram_gib']} GiB RAM, load average "
+          f"{env['load_avg_1m_at_start']} at start\n")
     data: dict[str, Any] = {"environment": env, "quick": args.quick, "sections": {}}
     failed: list[str] = []
     for name, heading in SECTIONS:
