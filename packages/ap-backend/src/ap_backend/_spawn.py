@@ -39,8 +39,12 @@ def _rank_main(
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
     )
+    import torch
     import torch.distributed as dist
 
+    # Each rank gets its share of the cores: with every rank using all of them, intra-op
+    # threads spin against the other ranks' and each gloo collective waits for a time slice.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         try:
