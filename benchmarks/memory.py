@@ -18,30 +18,19 @@ garbage, so only structure is measured, never values.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch._dynamo
-import torch.distributed as dist
 from ap_backend import measure_saved, precompile
 from ap_backend.models import ModelConfig, Sharding, Transformer
 from ap_partitioner import MinCutPartitioner, PartitionReport, SaveAllPartitioner
-from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from benchmarks.partitioner_model import fake_process_group
 
 STAGE_GIB = "auto"
-
-
-@contextlib.contextmanager
-def _fake_world(world_size: int = 8) -> Iterator[None]:
-    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _measure(layers: int) -> dict[str, Any]:
@@ -88,7 +77,7 @@ def _measure(layers: int) -> dict[str, Any]:
 
 def run(quick: bool) -> dict[str, Any]:
     sizes = [2] if quick else [2, 4, 8]
-    with _fake_world():
+    with fake_process_group():  # world size 8, structure only
         return {"rows": [_measure(n) for n in sizes], "ac_stage_size_gib": STAGE_GIB}
 
 
