@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ap_bucketing
@@ -44,21 +44,6 @@ def _has_gpu() -> bool:
 def _tracing() -> bool:
     """Is ``TORCH_TRACE`` structured logging on (so artifact payloads will be written)?"""
     return bool(logging.getLogger("torch.__trace").handlers)
-
-
-@contextlib.contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
-    """ap-epchunk's static-shape probe fake-runs ops on chunk-sized inputs and expects some to
-    fail (that is how it finds values the chunk dim does not flow through); FakeTensorMode
-    logs each such failure with a full traceback at ERROR. Silence that one logger for the
-    duration of the pass only; the pass itself still raises ChunkError on real problems."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    previous = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
 
 
 log = logging.getLogger(__name__)
@@ -116,8 +101,7 @@ class AutoParallelBackend:
         if opts.ep_chunk is not None:
             before = gm.print_readable(print_output=False) if _tracing() else ""
             emit_string("ap_chunk_before", lambda: before)
-            with _quiet_fake_tensor_log():
-                report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
+            report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
             ap_epchunk.concretize_chunk_symbols(gm)
             gm.recompile()
             self.chunk_reports.append(report)
