@@ -46,7 +46,9 @@ def _environment() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="smallest sizes only (< 3 minutes)")
     parser.add_argument("--json", type=Path, help="also write every section's data here")
     parser.add_argument("--plots", type=Path, help="directory for time-vs-size PNG plots")
@@ -55,9 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     env = _environment()
-    print(f"# ap benchmarks ({'quick' if args.quick else 'full'}) — {env['date']}, torch "
-          f"{env['torch']}, {env['cores']} cores, {env['ram_gib']} GiB RAM, load average "
-          f"{env['load_avg_1m_at_start']} at start\n")
+    print(
+        f"# ap benchmarks ({'quick' if args.quick else 'full'}) — {env['date']}, torch "
+        f"{env['torch']}, {env['cores']} cores, {env['ram_gib']} GiB RAM, load average "
+        f"{env['load_avg_1m_at_start']} at start\n"
+    )
     data: dict[str, Any] = {"environment": env, "quick": args.quick, "sections": {}}
     failed: list[str] = []
     for name, heading in SECTIONS:
@@ -74,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         elapsed = time.perf_counter() - start
         data["sections"][name] = result
-        print(f"## {heading}\n\n{module.markdown(result)}\n\n_section wall time {elapsed:.1f} s_\n",
-              flush=True)
+        print(
+            f"## {heading}\n\n{module.markdown(result)}\n\n_section wall time {elapsed:.1f} s_\n",
+            flush=True,
+        )
         if args.plots is not None:
             for path in plot_section(name, result, args.plots):
                 print(f"plot: {path}")

@@ -40,8 +40,15 @@ def _partitioner(result: dict[str, Any], out: Path) -> list[str]:
         "SaveAll": [(r["joint_nodes"], r["save_all_ms"]) for r in rows],
         "min-cut": [(r["joint_nodes"], r["min_cut_ms"]) for r in rows],
     }
-    return [_draw(out / "partitioner_time.png", "Partitioner wall time (AC on)",
-                  "joint graph nodes", "ms (median)", series)]
+    return [
+        _draw(
+            out / "partitioner_time.png",
+            "Partitioner wall time (AC on)",
+            "joint graph nodes",
+            "ms (median)",
+            series,
+        )
+    ]
 
 
 def _bucketing(result: dict[str, Any], out: Path) -> list[str]:
@@ -50,15 +57,29 @@ def _bucketing(result: dict[str, Any], out: Path) -> list[str]:
         "patched": [(r["nodes"], r["patched_ms"]) for r in rows],
         "upstream": [(r["nodes"], r["upstream_ms"]) for r in rows],
     }
-    return [_draw(out / "bucketing_time.png", "FSDP all-gather bucketing decision",
-                  "graph nodes", "ms (median)", series)]
+    return [
+        _draw(
+            out / "bucketing_time.png",
+            "FSDP all-gather bucketing decision",
+            "graph nodes",
+            "ms (median)",
+            series,
+        )
+    ]
 
 
 def _chunking(result: dict[str, Any], out: Path) -> list[str]:
     rows = result["rows"]
     series: Series = {"chunk pass + concretize": [(r["nodes_before"], r["seconds"]) for r in rows]}
-    return [_draw(out / "chunking_time.png", "EP chunk pass time",
-                  "joint graph nodes (before)", "s (median)", series)]
+    return [
+        _draw(
+            out / "chunking_time.png",
+            "EP chunk pass time",
+            "joint graph nodes (before)",
+            "s (median)",
+            series,
+        )
+    ]
 
 
 _PLOTTERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {

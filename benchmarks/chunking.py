@@ -108,7 +108,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['layers']} | {r['nodes_before']} | {r['nodes_after']} | {r['regions']} | "
             f"{r['seconds']:.3f} | {r['ratio_vs_smallest']:.1f} |"
         )
-    lines.append(f"\nmedian of {result['repeats']} repeats; goal: ×(128 vs 8) ≤ 20, 32 layers < 5 s")
+    lines.append(
+        f"\nmedian of {result['repeats']} repeats; goal: ×(128 vs 8) ≤ 20, 32 layers < 5 s"
+    )
     return "\n".join(lines)
 
 

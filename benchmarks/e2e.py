@@ -35,9 +35,7 @@ VARIANTS = (
 def run(quick: bool) -> dict[str, Any]:
     layers = 1 if quick else 2
     steps = 6  # first step compiles; the median is over the other 5
-    warm_up = () if quick else tuple(
-        replace(v, name=f"warm-up: {v.name}") for v in VARIANTS
-    )
+    warm_up = () if quick else tuple(replace(v, name=f"warm-up: {v.name}") for v in VARIANTS)
     spec = TrainSpec(
         model=ModelConfig(n_layers=layers, attention="matmul"),
         variants=(*warm_up, *VARIANTS),

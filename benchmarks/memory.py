@@ -40,8 +40,12 @@ def _measure(layers: int) -> dict[str, Any]:
     pm = precompile(model, batch)
     first = pm.first_partition
     rows: dict[str, Any] = {
-        "first": {"count": first.count, "bytes": first.nbytes,
-                  "all_gather_saved": len(first.all_gather_outputs), "all_gather_bytes": 0},
+        "first": {
+            "count": first.count,
+            "bytes": first.nbytes,
+            "all_gather_saved": len(first.all_gather_outputs),
+            "all_gather_bytes": 0,
+        },
     }
     cases = (
         ("save_all_ac", pm, SaveAllPartitioner, True),
@@ -53,8 +57,13 @@ def _measure(layers: int) -> dict[str, Any]:
     for name, module, cls, ac in cases:
         reports: list[PartitionReport] = []
         torch._dynamo.reset()
-        summary = measure_saved(module, batch, partitioner=cls(on_report=reports.append),
-                                enable_ac=ac, ac_stage_size_gib=STAGE_GIB)
+        summary = measure_saved(
+            module,
+            batch,
+            partitioner=cls(on_report=reports.append),
+            enable_ac=ac,
+            ac_stage_size_gib=STAGE_GIB,
+        )
         report = reports[-1]
         rows[name] = {
             "count": summary.count,

@@ -55,7 +55,9 @@ def _phase_marks(marks: dict[str, float]) -> Iterator[None]:
     so one scoped patch splits either into prologue / planning / extraction / epilogue."""
     import torch._functorch.partitioners as mod
 
-    originals = {name: getattr(mod, name) for name in ("classify_nodes", "_extract_fwd_bwd_modules")}
+    originals = {
+        name: getattr(mod, name) for name in ("classify_nodes", "_extract_fwd_bwd_modules")
+    }
 
     def marked(name: str, enter: str, leave: str) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -67,8 +67,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, layers: int, dim: int = 128, heads: int = 4,
-                 cast: torch.dtype | None = torch.bfloat16) -> None:
+    def __init__(
+        self, layers: int, dim: int = 128, heads: int = 4, cast: torch.dtype | None = torch.bfloat16
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(Block(dim, heads, cast) for _ in range(layers))
 
@@ -159,8 +160,9 @@ def ac_pass() -> Callable[..., Any] | None:
     return None if make is None else make("auto")  # type: ignore[no-any-return]
 
 
-def second_compile(first: FirstCompile, partitioner: Any, *, ac: bool,
-                   capture: list[CapturedJoint] | None = None) -> None:
+def second_compile(
+    first: FirstCompile, partitioner: Any, *, ac: bool, capture: list[CapturedJoint] | None = None
+) -> None:
     """``torch.compile`` the first callable with ``aot_module_simplified`` + identity compilers."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
@@ -170,8 +172,13 @@ def second_compile(first: FirstCompile, partitioner: Any, *, ac: bool,
         return partitioner(gm, joint_inputs, **kw)
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_identity,
-                                     bw_compiler=_boxed_identity, partition_fn=partition)
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=_boxed_identity,
+            bw_compiler=_boxed_identity,
+            partition_fn=partition,
+        )
 
     joint_pass = ac_pass() if ac else None
     if ac and joint_pass is None:

@@ -21,7 +21,11 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     plots = tmp_path / "plots"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--json", str(out), "--plots", str(plots)],
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -38,5 +42,7 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5."):
         assert heading in proc.stdout
     assert sorted(p.name for p in plots.glob("*.png")) == [
-        "bucketing_time.png", "chunking_time.png", "partitioner_time.png"
+        "bucketing_time.png",
+        "chunking_time.png",
+        "partitioner_time.png",
     ]

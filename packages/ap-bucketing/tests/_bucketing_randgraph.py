@@ -42,9 +42,11 @@ def random_collective_graphs(draw: st.DrawFn, groups: tuple[str, ...]) -> Random
     pending: list[fx.Node] = []
     n_ag = n_rs = 0
     for _ in range(draw(st.integers(2, 16))):
-        action = draw(st.sampled_from(
-            ["ph", "pointwise", "mm", "view", "split", "ag", "ag", "rs", "ar", "wait"]
-        ))
+        action = draw(
+            st.sampled_from(
+                ["ph", "pointwise", "mm", "view", "split", "ag", "ag", "rs", "ar", "wait"]
+            )
+        )
         if action == "ph":
             ready.append(b.placeholder((ROWS, ROWS)))
         elif action == "pointwise":
@@ -82,7 +84,7 @@ def random_collective_graphs(draw: st.DrawFn, groups: tuple[str, ...]) -> Random
             ready.append(_wait(b, pending.pop(draw(st.integers(0, len(pending) - 1)))))
     while pending:
         ready.append(_wait(b, pending.pop(draw(st.integers(0, len(pending) - 1)))))
-    gm = b.module(ready[-draw(st.integers(1, 3)):])
+    gm = b.module(ready[-draw(st.integers(1, 3)) :])
     _fakeify(gm)
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
     for n in draw(st.lists(st.sampled_from(nodes), max_size=4, unique=True)):
@@ -90,7 +92,8 @@ def random_collective_graphs(draw: st.DrawFn, groups: tuple[str, ...]) -> Random
         n.meta["recompute"] = draw(st.sampled_from(list(CheckpointPolicy)))
     missing = None
     colls = [
-        n for n in nodes
+        n
+        for n in nodes
         if str(n.target).startswith("_c10d_functional.") and "wait" not in str(n.target)
     ]
     if colls and draw(st.integers(0, 7)) == 0:

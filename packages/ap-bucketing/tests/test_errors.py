@@ -98,18 +98,40 @@ def _drop_val(node_prefix: str) -> Callable[..., None]:
 CASES: list[Case] = []
 # BucketingConfig fields
 for field_name, value in [
-    ("max_topo_span", -1), ("max_topo_span", "10"), ("max_topo_span", True),
-    ("max_topo_span", 1.5), ("max_compute_pre_fetch", -1), ("max_compute_pre_fetch", None),
-    ("max_compute_pre_fetch", 2.0), ("bucket_cap_mb", 0), ("bucket_cap_mb", -1.0),
-    ("bucket_cap_mb", math.nan), ("bucket_cap_mb", math.inf), ("bucket_cap_mb", "25"),
-    ("bucket_cap_mb", True), ("primary_group_only", "yes"), ("primary_group_only", 1),
-    ("non_adjacent", None), ("non_adjacent", 0),
+    ("max_topo_span", -1),
+    ("max_topo_span", "10"),
+    ("max_topo_span", True),
+    ("max_topo_span", 1.5),
+    ("max_compute_pre_fetch", -1),
+    ("max_compute_pre_fetch", None),
+    ("max_compute_pre_fetch", 2.0),
+    ("bucket_cap_mb", 0),
+    ("bucket_cap_mb", -1.0),
+    ("bucket_cap_mb", math.nan),
+    ("bucket_cap_mb", math.inf),
+    ("bucket_cap_mb", "25"),
+    ("bucket_cap_mb", True),
+    ("primary_group_only", "yes"),
+    ("primary_group_only", 1),
+    ("non_adjacent", None),
+    ("non_adjacent", 0),
 ]:
-    CASES.append(Case(f"BucketingConfig/{field_name}={value!r}",
-                      lambda gm, f=field_name, v=value: BucketingConfig(**{f: v}), ValueError,
-                      (f"BucketingConfig.{field_name}", repr(value))))
-CASES.append(Case("BucketingConfig/unknown_option", lambda gm: BucketingConfig(span=3),  # type: ignore[call-arg]
-                  TypeError, ("span",)))
+    CASES.append(
+        Case(
+            f"BucketingConfig/{field_name}={value!r}",
+            lambda gm, f=field_name, v=value: BucketingConfig(**{f: v}),
+            ValueError,
+            (f"BucketingConfig.{field_name}", repr(value)),
+        )
+    )
+CASES.append(
+    Case(
+        "BucketingConfig/unknown_option",
+        lambda gm: BucketingConfig(span=3),  # type: ignore[call-arg]
+        TypeError,
+        ("span",),
+    )
+)
 # config arguments of the other entry points
 for name, call in [
     ("install", lambda gm: AB.install("cfg")),  # type: ignore[arg-type]
@@ -121,78 +143,194 @@ for name, call in [
     CASES.append(Case(f"{name}/config=str", call, ValueError, ("config", "BucketingConfig", "str")))
 # bucket_collectives arguments
 for bad in ["gm", None, fx.Graph()]:
-    CASES.append(Case(f"bucket_collectives/gm={type(bad).__name__}", _bc(gm=bad), TypeError,
-                      ("bucket_collectives", "gm", "GraphModule", type(bad).__name__)))
+    CASES.append(
+        Case(
+            f"bucket_collectives/gm={type(bad).__name__}",
+            _bc(gm=bad),
+            TypeError,
+            ("bucket_collectives", "gm", "GraphModule", type(bad).__name__),
+        )
+    )
 for arg in ["cap_fn", "filter_node", "group_key"]:
-    CASES.append(Case(f"bucket_collectives/{arg}=str", _bc(**{arg: "x"}), TypeError,
-                      ("bucket_collectives", arg, "callable", "str")))
-CASES.append(Case("bucket_collectives/filter_wait_node=3", _bc(filter_wait_node=3), TypeError,
-                  ("bucket_collectives", "filter_wait_node", "callable", "int")))
-CASES.append(Case("bucket_collectives/observer=3", _bc(observer=3), TypeError,
-                  ("bucket_collectives", "observer", "callable", "int")))
+    CASES.append(
+        Case(
+            f"bucket_collectives/{arg}=str",
+            _bc(**{arg: "x"}),
+            TypeError,
+            ("bucket_collectives", arg, "callable", "str"),
+        )
+    )
+CASES.append(
+    Case(
+        "bucket_collectives/filter_wait_node=3",
+        _bc(filter_wait_node=3),
+        TypeError,
+        ("bucket_collectives", "filter_wait_node", "callable", "int"),
+    )
+)
+CASES.append(
+    Case(
+        "bucket_collectives/observer=3",
+        _bc(observer=3),
+        TypeError,
+        ("bucket_collectives", "observer", "callable", "int"),
+    )
+)
 for value in ["x", -1.0, 0, math.nan, None]:
-    CASES.append(Case(f"bucket_collectives/cap_fn_returns={value!r}",
-                      _bc(cap_fn=lambda _i, v=value: v), ValueError,
-                      ("cap_fn", "bucket 0", repr(value))))
-CASES.append(Case("bucket_collectives/group_key_raises",
-                  _bc(group_key=lambda n: 1 / 0), ValueError,
-                  ("group key", "all_gather_into_tensor", "ZeroDivisionError")))
-CASES.append(Case("bucket_collectives/group_key_unhashable",
-                  _bc(group_key=lambda n: [1]), ValueError,
-                  ("group key", "all_gather_into_tensor", "unhashable")))
-CASES.append(Case("bucket_collectives/no_meta_val_on_collective",
-                  _bc(group_key=lambda n: "k"), MissingValueError,
-                  ("all_gather_into_tensor", "meta['val']"), setup=_drop_val("all_gather")))
-CASES.append(Case("bucket_collectives/no_meta_val_on_input",
-                  _bc(group_key=lambda n: "k"), MissingValueError,
-                  ("all_gather_into_tensor", "input", "p1"), setup=_drop_val("p1")))
+    CASES.append(
+        Case(
+            f"bucket_collectives/cap_fn_returns={value!r}",
+            _bc(cap_fn=lambda _i, v=value: v),
+            ValueError,
+            ("cap_fn", "bucket 0", repr(value)),
+        )
+    )
+CASES.append(
+    Case(
+        "bucket_collectives/group_key_raises",
+        _bc(group_key=lambda n: 1 / 0),
+        ValueError,
+        ("group key", "all_gather_into_tensor", "ZeroDivisionError"),
+    )
+)
+CASES.append(
+    Case(
+        "bucket_collectives/group_key_unhashable",
+        _bc(group_key=lambda n: [1]),
+        ValueError,
+        ("group key", "all_gather_into_tensor", "unhashable"),
+    )
+)
+CASES.append(
+    Case(
+        "bucket_collectives/no_meta_val_on_collective",
+        _bc(group_key=lambda n: "k"),
+        MissingValueError,
+        ("all_gather_into_tensor", "meta['val']"),
+        setup=_drop_val("all_gather"),
+    )
+)
+CASES.append(
+    Case(
+        "bucket_collectives/no_meta_val_on_input",
+        _bc(group_key=lambda n: "k"),
+        MissingValueError,
+        ("all_gather_into_tensor", "input", "p1"),
+        setup=_drop_val("p1"),
+    )
+)
 # other functions given the wrong kind of object
 CASES += [
-    Case("primary_fsdp_groups/gm=str", lambda gm: AB.primary_fsdp_groups("gm"), TypeError,  # type: ignore[arg-type]
-         ("primary_fsdp_groups", "gm", "GraphModule", "str")),
-    Case("primary_fsdp_groups/gm=Graph", lambda gm: AB.primary_fsdp_groups(gm.graph), TypeError,  # type: ignore[arg-type]
-         ("primary_fsdp_groups", "gm", "GraphModule", "Graph")),
-    Case("max_consec_compute_between_rs/graph=str",
-         lambda gm: AB.max_consec_compute_between_rs("g"), TypeError,  # type: ignore[arg-type]
-         ("max_consec_compute_between_rs", "graph", "str")),
-    Case("cpu_runtime_estimation/node=str", lambda gm: AB.cpu_runtime_estimation("n"), TypeError,  # type: ignore[arg-type]
-         ("cpu_runtime_estimation", "node", "str")),
-    Case("OverlapBucketingPass/graph=str", lambda gm: AB.OverlapBucketingPass()("g"), TypeError,  # type: ignore[arg-type]
-         ("OverlapBucketingPass", "graph", "str")),
-    Case("OverlapBucketingPass/graph_without_module",
-         lambda gm: AB.OverlapBucketingPass()(fx.Graph()), ValueError,
-         ("OverlapBucketingPass", "GraphModule")),
-    Case("add_stats_observer/observer=3", lambda gm: AB.add_stats_observer(3), TypeError,  # type: ignore[arg-type]
-         ("add_stats_observer", "observer", "callable", "int")),
-    Case("remove_stats_observer/unknown", lambda gm: AB.remove_stats_observer(print), ValueError,
-         ("stats observer", "not registered")),
-    Case("cpu_overlap_estimators/enabled=str",
-         lambda gm: AB.cpu_overlap_estimators("yes").__enter__(), TypeError,  # type: ignore[arg-type]
-         ("cpu_overlap_estimators", "enabled", "bool", "str")),
+    Case(
+        "primary_fsdp_groups/gm=str",
+        lambda gm: AB.primary_fsdp_groups("gm"),
+        TypeError,  # type: ignore[arg-type]
+        ("primary_fsdp_groups", "gm", "GraphModule", "str"),
+    ),
+    Case(
+        "primary_fsdp_groups/gm=Graph",
+        lambda gm: AB.primary_fsdp_groups(gm.graph),
+        TypeError,  # type: ignore[arg-type]
+        ("primary_fsdp_groups", "gm", "GraphModule", "Graph"),
+    ),
+    Case(
+        "max_consec_compute_between_rs/graph=str",
+        lambda gm: AB.max_consec_compute_between_rs("g"),
+        TypeError,  # type: ignore[arg-type]
+        ("max_consec_compute_between_rs", "graph", "str"),
+    ),
+    Case(
+        "cpu_runtime_estimation/node=str",
+        lambda gm: AB.cpu_runtime_estimation("n"),
+        TypeError,  # type: ignore[arg-type]
+        ("cpu_runtime_estimation", "node", "str"),
+    ),
+    Case(
+        "OverlapBucketingPass/graph=str",
+        lambda gm: AB.OverlapBucketingPass()("g"),
+        TypeError,  # type: ignore[arg-type]
+        ("OverlapBucketingPass", "graph", "str"),
+    ),
+    Case(
+        "OverlapBucketingPass/graph_without_module",
+        lambda gm: AB.OverlapBucketingPass()(fx.Graph()),
+        ValueError,
+        ("OverlapBucketingPass", "GraphModule"),
+    ),
+    Case(
+        "add_stats_observer/observer=3",
+        lambda gm: AB.add_stats_observer(3),
+        TypeError,  # type: ignore[arg-type]
+        ("add_stats_observer", "observer", "callable", "int"),
+    ),
+    Case(
+        "remove_stats_observer/unknown",
+        lambda gm: AB.remove_stats_observer(print),
+        ValueError,
+        ("stats observer", "not registered"),
+    ),
+    Case(
+        "cpu_overlap_estimators/enabled=str",
+        lambda gm: AB.cpu_overlap_estimators("yes").__enter__(),
+        TypeError,  # type: ignore[arg-type]
+        ("cpu_overlap_estimators", "enabled", "bool", "str"),
+    ),
 ]
 for opt, value in [("cpu", "yes"), ("reorder", 1), ("reorder", None)]:
-    CASES.append(Case(f"OverlapBucketingPass/{opt}={value!r}",
-                      lambda gm, o=opt, v=value: AB.OverlapBucketingPass(**{o: v}), TypeError,
-                      ("OverlapBucketingPass", opt, "bool")))
-CASES.append(Case("OverlapBucketingPass/unknown_schedule_override",
-                  lambda gm: AB.OverlapBucketingPass(not_a_scheduler_option=1), TypeError,
-                  ("not_a_scheduler_option", "schedule_overlap_bucketing")))
-CASES.append(Case("overlap_config_patches/unknown_schedule_override",
-                  lambda gm: AB.overlap_config_patches(max_compute_prefetch=1), TypeError,
-                  ("max_compute_prefetch", "schedule_overlap_bucketing")))
+    CASES.append(
+        Case(
+            f"OverlapBucketingPass/{opt}={value!r}",
+            lambda gm, o=opt, v=value: AB.OverlapBucketingPass(**{o: v}),
+            TypeError,
+            ("OverlapBucketingPass", opt, "bool"),
+        )
+    )
+CASES.append(
+    Case(
+        "OverlapBucketingPass/unknown_schedule_override",
+        lambda gm: AB.OverlapBucketingPass(not_a_scheduler_option=1),
+        TypeError,
+        ("not_a_scheduler_option", "schedule_overlap_bucketing"),
+    )
+)
+CASES.append(
+    Case(
+        "overlap_config_patches/unknown_schedule_override",
+        lambda gm: AB.overlap_config_patches(max_compute_prefetch=1),
+        TypeError,
+        ("max_compute_prefetch", "schedule_overlap_bucketing"),
+    )
+)
 # unsupported torch: a patch site or an internal the package reads is missing
 CASES += [
-    Case("install/no_identify_fsdp_groups", lambda gm: AB.install(), UnsupportedTorchError,
-         ("identify_fsdp_groups", RANGE), setup=_without(torch_fsdp, "identify_fsdp_groups")),
-    Case("patched/no_greedy_bucket_collective_by_mb", lambda gm: AB.patched().__enter__(),
-         UnsupportedTorchError, ("greedy_bucket_collective_by_mb", RANGE),
-         setup=_without(torch_bucketing, "greedy_bucket_collective_by_mb")),
-    Case("primary_fsdp_groups/no_is_fsdp_all_gather", lambda gm: AB.primary_fsdp_groups(gm),
-         UnsupportedTorchError, ("is_fsdp_all_gather", RANGE),
-         setup=_without(torch_fsdp, "is_fsdp_all_gather")),
-    Case("max_consec_compute_between_rs/no_is_compute_node",
-         lambda gm: AB.max_consec_compute_between_rs(gm), UnsupportedTorchError,
-         ("is_compute_node", RANGE), setup=_without(torch_overlap, "is_compute_node")),
+    Case(
+        "install/no_identify_fsdp_groups",
+        lambda gm: AB.install(),
+        UnsupportedTorchError,
+        ("identify_fsdp_groups", RANGE),
+        setup=_without(torch_fsdp, "identify_fsdp_groups"),
+    ),
+    Case(
+        "patched/no_greedy_bucket_collective_by_mb",
+        lambda gm: AB.patched().__enter__(),
+        UnsupportedTorchError,
+        ("greedy_bucket_collective_by_mb", RANGE),
+        setup=_without(torch_bucketing, "greedy_bucket_collective_by_mb"),
+    ),
+    Case(
+        "primary_fsdp_groups/no_is_fsdp_all_gather",
+        lambda gm: AB.primary_fsdp_groups(gm),
+        UnsupportedTorchError,
+        ("is_fsdp_all_gather", RANGE),
+        setup=_without(torch_fsdp, "is_fsdp_all_gather"),
+    ),
+    Case(
+        "max_consec_compute_between_rs/no_is_compute_node",
+        lambda gm: AB.max_consec_compute_between_rs(gm),
+        UnsupportedTorchError,
+        ("is_compute_node", RANGE),
+        setup=_without(torch_overlap, "is_compute_node"),
+    ),
 ]
 
 

@@ -35,7 +35,10 @@ from _bucketing_randgraph import (  # noqa: E402
 )
 
 SAFETY = settings(
-    max_examples=200, deadline=None, derandomize=True, database=None,
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 MIB = 1024 * 1024
@@ -86,7 +89,9 @@ def test_bucket_collectives_is_pure_and_valid(groups: tuple[str, str]) -> None:
         cap_mb = 0.001
         try:
             buckets = bucket_collectives(
-                gm, lambda _i: cap_mb, torch_bucketing.is_all_gather_into_tensor,
+                gm,
+                lambda _i: cap_mb,
+                torch_bucketing.is_all_gather_into_tensor,
                 torch_bucketing._ag_group_key if graph.missing_val is None else (lambda n: "k"),
                 config=cfg,
             )
@@ -151,8 +156,13 @@ def test_generator_reaches_merging_and_refusals(groups: tuple[str, str]) -> None
     refused for a missing value."""
     seen: set[str] = set()
 
-    @settings(max_examples=100, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=100,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
     @given(random_collective_graphs(groups))
     def observe(graph: RandomCollectiveGraph) -> None:
         before = snapshot(graph.gm)

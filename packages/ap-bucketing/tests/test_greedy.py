@@ -143,7 +143,7 @@ def test_stats_counts_are_exact_and_logged(caplog: pytest.LogCaptureFixture) -> 
     assert (stats.closed_by_bytes, stats.closed_by_span) == (2, 1)
     assert (stats.skipped_dependent, stats.skipped_unhinted) == (1, 0)
     assert stats.max_topo_span == 20
-    lines = [r.getMessage() for r in caplog.records if r.name == "ap_bucketing.stats"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "ap_bucketing._stats"]
     assert len(lines) == 1 and "4 buckets" in lines[0] and "bytes=2, span=1" in lines[0]
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import ap_bucketing
-import ap_bucketing.patching
+import ap_bucketing._patching
 import pytest
 import torch
 import torch.distributed as dist
@@ -153,7 +153,7 @@ def test_end_to_end_fsdp_model_buckets_all_gathers_with_the_patched_functions(
         return primary_fsdp_groups(gm)
 
     # The patched identify_fsdp_groups delegates here; torch reaches it only while patched.
-    monkeypatch.setattr(ap_bucketing.patching, "primary_fsdp_groups", spy)
+    monkeypatch.setattr(ap_bucketing._patching, "primary_fsdp_groups", spy)
 
     def backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
         return compile_fx(gm, example_inputs, config_patches=patches)

@@ -88,8 +88,9 @@ def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def trace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, symbolic: bool,
-          step: Any = None) -> torch.fx.GraphModule:
+def trace(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, symbolic: bool, step: Any = None
+) -> torch.fx.GraphModule:
     """Joint graph of ``step``; with ``symbolic`` the token dim 0 is a hinted unbacked SymInt."""
     xt = x.detach().clone().requires_grad_()
     yt = y.detach().clone()
@@ -100,17 +101,23 @@ def trace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, symbolic: bool,
         return trace_joint(step or make_step(model), state_of(model), xt, yt)
 
 
-def run_graph(gm: torch.fx.GraphModule, model: nn.Module, x: torch.Tensor, y: torch.Tensor
-              ) -> tuple[list[Any], dict[str, torch.Tensor]]:
+def run_graph(
+    gm: torch.fx.GraphModule, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[list[Any], dict[str, torch.Tensor]]:
     """Outputs of the joint graph and the (possibly mutated) buffers it ran with."""
     state = state_of(model)
     out = gm(state, x.detach().clone().requires_grad_(), y.clone())
     return list(out), {n: b for n, b in state.items() if not b.requires_grad}
 
 
-def run_eager_chunked(model: nn.Module, pattern_parent: str, child: str | None,
-                      x: torch.Tensor, y: torch.Tensor, n: int
-                      ) -> tuple[list[Any], dict[str, torch.Tensor]]:
+def run_eager_chunked(
+    model: nn.Module,
+    pattern_parent: str,
+    child: str | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n: int,
+) -> tuple[list[Any], dict[str, torch.Tensor]]:
     """The same step with every ``model.<parent>[i](.<child>)`` wrapped in EagerChunked."""
     m = copy.deepcopy(model)
     layers = getattr(m, pattern_parent)
@@ -164,8 +171,9 @@ class GraphBuilder:
         node.meta["val"] = val
         return node
 
-    def op(self, target: Any, *args: Any, fqn: str | None = None, backward: bool = False,
-           **kwargs: Any) -> torch.fx.Node:
+    def op(
+        self, target: Any, *args: Any, fqn: str | None = None, backward: bool = False, **kwargs: Any
+    ) -> torch.fx.Node:
         node = self.graph.call_function(target, args, kwargs)
         vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
         with self.fake_mode:

@@ -27,8 +27,9 @@ def _graph() -> torch.fx.GraphModule:
 @pytest.mark.parametrize("early", [True, False])
 def test_grad_partials_summed_before_the_collective(early: bool) -> None:
     gm = _graph()
-    report = chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",),
-                                        early_grad_accumulation=early))
+    report = chunk_pass(
+        gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=early)
+    )
     gm.graph.lint()
     nodes = list(gm.graph.nodes)
     reduces = [n for n in nodes if n.target is c10d.all_reduce.default]
@@ -42,4 +43,7 @@ def test_grad_partials_summed_before_the_collective(early: bool) -> None:
     else:  # per-chunk collectives, summed in chunk order where the value escapes
         assert len(reduces) == len(waits) == 2
         assert out.target is aten.add.Tensor
-        assert [a.name for a in out.args] == ["wait_tensor_default_chunk1", "wait_tensor_default_chunk0"]
+        assert [a.name for a in out.args] == [
+            "wait_tensor_default_chunk1",
+            "wait_tensor_default_chunk0",
+        ]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _epchunk_testlib import GraphBuilder, graph_snapshot
 from ap_epchunk import ChunkError, concretize_chunk_symbols
-from ap_epchunk.passes import CHUNK_SYMBOLS_META
+from ap_epchunk._passes import CHUNK_SYMBOLS_META
 
 aten = torch.ops.aten
 

@@ -8,15 +8,18 @@ from ap_epchunk import ChunkConfig, ChunkError, EagerChunked, mark_chunk_dim
 from torch import nn
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"module_patterns": ()}, "module_patterns"),
-    ({"module_patterns": ("",)}, "module_patterns"),
-    ({"dim": -1}, "dim"),
-    ({"num_chunks": 1}, "num_chunks"),
-    ({"num_chunks": True}, "num_chunks"),
-    ({"early_grad_accumulation": "yes"}, "early_grad_accumulation"),
-    ({"chunk_inputs": ("",)}, "chunk_inputs"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"module_patterns": ()}, "module_patterns"),
+        ({"module_patterns": ("",)}, "module_patterns"),
+        ({"dim": -1}, "dim"),
+        ({"num_chunks": 1}, "num_chunks"),
+        ({"num_chunks": True}, "num_chunks"),
+        ({"early_grad_accumulation": "yes"}, "early_grad_accumulation"),
+        ({"chunk_inputs": ("",)}, "chunk_inputs"),
+    ],
+)
 def test_bad_config_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
     base: dict[str, object] = {"module_patterns": ("layers.*",)}
     base.update(kwargs)

@@ -80,82 +80,182 @@ for opt, value, words in [
     ("chunk_inputs", ("x", ""), ("chunk_inputs",)),
 ]:
     kwargs: dict[str, Any] = {"module_patterns": ("layers.*",), opt: value}
-    CASES.append(Case(f"ChunkConfig/{opt}={value!r}", lambda gm, k=kwargs: ChunkConfig(**k),
-                      ValueError, words))
-CASES.append(Case("ChunkConfig/unknown_option",
-                  lambda gm: ChunkConfig(module_patterns=("a",), chunks=2),  # type: ignore[call-arg]
-                  TypeError, ("chunks",)))
+    CASES.append(
+        Case(
+            f"ChunkConfig/{opt}={value!r}", lambda gm, k=kwargs: ChunkConfig(**k), ValueError, words
+        )
+    )
+CASES.append(
+    Case(
+        "ChunkConfig/unknown_option",
+        lambda gm: ChunkConfig(module_patterns=("a",), chunks=2),  # type: ignore[call-arg]
+        TypeError,
+        ("chunks",),
+    )
+)
 # chunk_pass arguments and graphs it must refuse (untouched)
 for bad in ["gm", None, torch.fx.Graph()]:
-    CASES.append(Case(f"chunk_pass/gm={type(bad).__name__}",
-                      lambda gm, b=bad: E.chunk_pass(b, CFG), TypeError,  # type: ignore[arg-type]
-                      ("chunk_pass", "gm", "GraphModule", type(bad).__name__)))
+    CASES.append(
+        Case(
+            f"chunk_pass/gm={type(bad).__name__}",
+            lambda gm, b=bad: E.chunk_pass(b, CFG),
+            TypeError,  # type: ignore[arg-type]
+            ("chunk_pass", "gm", "GraphModule", type(bad).__name__),
+        )
+    )
 CASES += [
-    Case("chunk_pass/config=dict", lambda gm: E.chunk_pass(gm, {"module_patterns": "x"}),  # type: ignore[arg-type]
-         TypeError, ("chunk_pass", "ChunkConfig", "dict")),
-    Case("chunk_pass/no_region_matches",
-         lambda gm: E.chunk_pass(gm, CFG.replace(module_patterns=("nope.*",))), ChunkError,
-         ("no region matched", "nope.*", "layers")),
-    Case("chunk_pass/unknown_chunk_input",
-         lambda gm: E.chunk_pass(gm, CFG.replace(chunk_inputs=("zzz",))), ChunkError,
-         ("chunk_inputs", "zzz", "x_1")),
-    Case("chunk_pass/indivisible_extent",
-         lambda gm: E.chunk_pass(gm, CFG.replace(num_chunks=3)), ChunkError,
-         ("x_1", "not divisible", "num_chunks=3")),
-    Case("chunk_pass/dim_out_of_range", lambda gm: E.chunk_pass(gm, CFG.replace(dim=5)),
-         ChunkError, ("x_1", "no dim 5")),
-    Case("chunk_pass/no_chunk_inputs_static_graph",
-         lambda gm: E.chunk_pass(gm, CFG.replace(chunk_inputs=())), ChunkError,
-         ("chunk",)),
-    Case("chunk_pass/unsupported_torch", lambda gm: E.chunk_pass(gm, CFG),
-         UNSUPPORTED, ("create_unbacked_symint", RANGE),
-         setup=_no_shape_env_attr("create_unbacked_symint")),
+    Case(
+        "chunk_pass/config=dict",
+        lambda gm: E.chunk_pass(gm, {"module_patterns": "x"}),  # type: ignore[arg-type]
+        TypeError,
+        ("chunk_pass", "ChunkConfig", "dict"),
+    ),
+    Case(
+        "chunk_pass/no_region_matches",
+        lambda gm: E.chunk_pass(gm, CFG.replace(module_patterns=("nope.*",))),
+        ChunkError,
+        ("no region matched", "nope.*", "layers"),
+    ),
+    Case(
+        "chunk_pass/unknown_chunk_input",
+        lambda gm: E.chunk_pass(gm, CFG.replace(chunk_inputs=("zzz",))),
+        ChunkError,
+        ("chunk_inputs", "zzz", "x_1"),
+    ),
+    Case(
+        "chunk_pass/indivisible_extent",
+        lambda gm: E.chunk_pass(gm, CFG.replace(num_chunks=3)),
+        ChunkError,
+        ("x_1", "not divisible", "num_chunks=3"),
+    ),
+    Case(
+        "chunk_pass/dim_out_of_range",
+        lambda gm: E.chunk_pass(gm, CFG.replace(dim=5)),
+        ChunkError,
+        ("x_1", "no dim 5"),
+    ),
+    Case(
+        "chunk_pass/no_chunk_inputs_static_graph",
+        lambda gm: E.chunk_pass(gm, CFG.replace(chunk_inputs=())),
+        ChunkError,
+        ("chunk",),
+    ),
+    Case(
+        "chunk_pass/unsupported_torch",
+        lambda gm: E.chunk_pass(gm, CFG),
+        UNSUPPORTED,
+        ("create_unbacked_symint", RANGE),
+        setup=_no_shape_env_attr("create_unbacked_symint"),
+    ),
 ]
 # concretize_chunk_symbols
 for bad in ["gm", None]:
-    CASES.append(Case(f"concretize_chunk_symbols/gm={type(bad).__name__}",
-                      lambda gm, b=bad: E.concretize_chunk_symbols(b),  # type: ignore[arg-type]
-                      TypeError, ("concretize_chunk_symbols", "gm", "GraphModule",
-                                  type(bad).__name__)))
-CASES.append(Case("concretize_chunk_symbols/example_inputs=str",
-                  lambda gm: E.concretize_chunk_symbols(gm, example_inputs="x"),  # type: ignore[arg-type]
-                  TypeError, ("concretize_chunk_symbols", "example_inputs", "str")))
-CASES.append(Case("concretize_chunk_symbols/unknown_option",
-                  lambda gm: E.concretize_chunk_symbols(gm, hints={}),  # type: ignore[call-arg]
-                  TypeError, ("hints",)))
+    CASES.append(
+        Case(
+            f"concretize_chunk_symbols/gm={type(bad).__name__}",
+            lambda gm, b=bad: E.concretize_chunk_symbols(b),  # type: ignore[arg-type]
+            TypeError,
+            ("concretize_chunk_symbols", "gm", "GraphModule", type(bad).__name__),
+        )
+    )
+CASES.append(
+    Case(
+        "concretize_chunk_symbols/example_inputs=str",
+        lambda gm: E.concretize_chunk_symbols(gm, example_inputs="x"),  # type: ignore[arg-type]
+        TypeError,
+        ("concretize_chunk_symbols", "example_inputs", "str"),
+    )
+)
+CASES.append(
+    Case(
+        "concretize_chunk_symbols/unknown_option",
+        lambda gm: E.concretize_chunk_symbols(gm, hints={}),  # type: ignore[call-arg]
+        TypeError,
+        ("hints",),
+    )
+)
 # mark_chunk_dim
 CASES += [
-    Case("mark_chunk_dim/tensor=str", lambda gm: E.mark_chunk_dim("x", 0, hint=4),  # type: ignore[arg-type]
-         ChunkError, ("mark_chunk_dim", "tensor", "str")),
-    Case("mark_chunk_dim/0-d", lambda gm: E.mark_chunk_dim(torch.tensor(1.0), 0, hint=4),
-         ChunkError, ("mark_chunk_dim", "0-d")),
-    Case("mark_chunk_dim/dim=3", lambda gm: E.mark_chunk_dim(torch.randn(4), 3, hint=4),
-         ChunkError, ("mark_chunk_dim", "dim 3", "(4,)")),
-    Case("mark_chunk_dim/dim=str", lambda gm: E.mark_chunk_dim(torch.randn(4), "0", hint=4),  # type: ignore[arg-type]
-         ChunkError, ("mark_chunk_dim", "dim", "'0'")),
-    Case("mark_chunk_dim/hint=1", lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint=1),
-         ChunkError, ("mark_chunk_dim", "hint", "1")),
-    Case("mark_chunk_dim/hint=str", lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint="4"),  # type: ignore[arg-type]
-         ChunkError, ("mark_chunk_dim", "hint", "'4'")),
-    Case("mark_chunk_dim/unsupported_torch",
-         lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint=4), UNSUPPORTED,
-         ("mark_unbacked", RANGE), setup=_no_mark_unbacked),
+    Case(
+        "mark_chunk_dim/tensor=str",
+        lambda gm: E.mark_chunk_dim("x", 0, hint=4),  # type: ignore[arg-type]
+        ChunkError,
+        ("mark_chunk_dim", "tensor", "str"),
+    ),
+    Case(
+        "mark_chunk_dim/0-d",
+        lambda gm: E.mark_chunk_dim(torch.tensor(1.0), 0, hint=4),
+        ChunkError,
+        ("mark_chunk_dim", "0-d"),
+    ),
+    Case(
+        "mark_chunk_dim/dim=3",
+        lambda gm: E.mark_chunk_dim(torch.randn(4), 3, hint=4),
+        ChunkError,
+        ("mark_chunk_dim", "dim 3", "(4,)"),
+    ),
+    Case(
+        "mark_chunk_dim/dim=str",
+        lambda gm: E.mark_chunk_dim(torch.randn(4), "0", hint=4),  # type: ignore[arg-type]
+        ChunkError,
+        ("mark_chunk_dim", "dim", "'0'"),
+    ),
+    Case(
+        "mark_chunk_dim/hint=1",
+        lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint=1),
+        ChunkError,
+        ("mark_chunk_dim", "hint", "1"),
+    ),
+    Case(
+        "mark_chunk_dim/hint=str",
+        lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint="4"),  # type: ignore[arg-type]
+        ChunkError,
+        ("mark_chunk_dim", "hint", "'4'"),
+    ),
+    Case(
+        "mark_chunk_dim/unsupported_torch",
+        lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint=4),
+        UNSUPPORTED,
+        ("mark_unbacked", RANGE),
+        setup=_no_mark_unbacked,
+    ),
 ]
 # EagerChunked
 CASES += [
-    Case("EagerChunked/num_chunks=1", lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), 0, 1),
-         ValueError, ("EagerChunked", "num_chunks", "1")),
-    Case("EagerChunked/dim=str", lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), "0", 2),  # type: ignore[arg-type]
-         ValueError, ("EagerChunked", "dim", "'0'")),
-    Case("EagerChunked/module=str", lambda gm: E.EagerChunked("m", 0, 2),  # type: ignore[arg-type]
-         TypeError, ("EagerChunked", "module", "nn.Module", "str")),
-    Case("EagerChunked/indivisible",
-         lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), 0, 3)(torch.randn(4, 4)), ChunkError,
-         ("EagerChunked", "extent 4", "num_chunks=3")),
+    Case(
+        "EagerChunked/num_chunks=1",
+        lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), 0, 1),
+        ValueError,
+        ("EagerChunked", "num_chunks", "1"),
+    ),
+    Case(
+        "EagerChunked/dim=str",
+        lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), "0", 2),  # type: ignore[arg-type]
+        ValueError,
+        ("EagerChunked", "dim", "'0'"),
+    ),
+    Case(
+        "EagerChunked/module=str",
+        lambda gm: E.EagerChunked("m", 0, 2),  # type: ignore[arg-type]
+        TypeError,
+        ("EagerChunked", "module", "nn.Module", "str"),
+    ),
+    Case(
+        "EagerChunked/indivisible",
+        lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), 0, 3)(torch.randn(4, 4)),
+        ChunkError,
+        ("EagerChunked", "extent 4", "num_chunks=3"),
+    ),
 ]
 # trace_joint
-CASES.append(Case("trace_joint/step=str", lambda gm: E.trace_joint("step", torch.randn(2)),  # type: ignore[arg-type]
-                  TypeError, ("trace_joint", "step", "callable", "str")))
+CASES.append(
+    Case(
+        "trace_joint/step=str",
+        lambda gm: E.trace_joint("step", torch.randn(2)),  # type: ignore[arg-type]
+        TypeError,
+        ("trace_joint", "step", "callable", "str"),
+    )
+)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -29,15 +29,21 @@ SAFETY = settings(max_examples=200, deadline=None, derandomize=True, database=No
 
 def _config(m: RandomModel, symbolic: bool) -> ChunkConfig:
     return ChunkConfig(
-        module_patterns=("layers.*",), num_chunks=m.num_chunks, early_grad_accumulation=m.early,
+        module_patterns=("layers.*",),
+        num_chunks=m.num_chunks,
+        early_grad_accumulation=m.early,
         chunk_inputs=() if symbolic else ("x_1", "y_1"),
     )
 
 
 def _free_symbols(value: Any) -> set[str]:
     if isinstance(value, torch.Tensor):
-        return {str(s) for d in (*value.shape, *value.stride()) if isinstance(d, torch.SymInt)
-                for s in sympy.sympify(d.node.expr).free_symbols}
+        return {
+            str(s)
+            for d in (*value.shape, *value.stride())
+            if isinstance(d, torch.SymInt)
+            for s in sympy.sympify(d.node.expr).free_symbols
+        }
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
         return {str(s) for s in value.node.expr.free_symbols}
     if isinstance(value, list | tuple):
@@ -89,7 +95,9 @@ def test_concretize_chunk_symbols_is_safe(m: RandomModel) -> None:
         return
     gm.graph.lint()
     for node in gm.graph.nodes:
-        left = (_free_symbols(node.meta.get("val")) | _free_symbols(list(node.args))) & chunk_symbols
+        left = (
+            _free_symbols(node.meta.get("val")) | _free_symbols(list(node.args))
+        ) & chunk_symbols
         assert not left, f"chunk symbols {left} left on {node.name}"
     out, _ = run_graph(gm, m.model, m.x, m.y)
     for got, want in zip(out, out_before, strict=True):

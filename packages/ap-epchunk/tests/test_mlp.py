@@ -6,7 +6,7 @@ import pytest
 import torch
 from _epchunk_testlib import Stack, graph_snapshot, run_eager_chunked, run_graph, trace
 from ap_epchunk import ChunkConfig, chunk_pass, concretize_chunk_symbols
-from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
+from ap_tags._keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
 
 aten = torch.ops.aten
 D, LAYERS = 8, 2
@@ -19,7 +19,9 @@ def _setup(n: int, symbolic: bool, early: bool, seed: int = 0):
     gm = trace(model, x, y, symbolic=symbolic)
     ref, _ = run_graph(gm, model, x, y)
     cfg = ChunkConfig(
-        module_patterns=("layers.*",), num_chunks=n, early_grad_accumulation=early,
+        module_patterns=("layers.*",),
+        num_chunks=n,
+        early_grad_accumulation=early,
         chunk_inputs=() if symbolic else ("x_1", "y_1"),
     )
     return model, x, y, gm, ref, cfg
@@ -64,15 +66,15 @@ def test_early_accumulation_sums_partials_before_the_transpose(symbolic: bool) -
 
 def test_structure_shared_params_single_split_no_cat_then_split() -> None:
     model, x, y, gm, _, cfg = _setup(2, True, early=False)
-    param_transposes = len([
-        n for n in gm.graph.nodes if n.target is aten.t.default and n.args[0].op == "placeholder"
-    ])
+    param_transposes = len(
+        [n for n in gm.graph.nodes if n.target is aten.t.default and n.args[0].op == "placeholder"]
+    )
     report = chunk_pass(gm, cfg)
     nodes = list(gm.graph.nodes)
     # parameters and parameter-only prep (t(W)) are shared, never duplicated
-    assert param_transposes == len([
-        n for n in nodes if n.target is aten.t.default and n.args[0].op == "placeholder"
-    ])
+    assert param_transposes == len(
+        [n for n in nodes if n.target is aten.t.default and n.args[0].op == "placeholder"]
+    )
     # x is used by layers.0 forward and backward but split once; the loss grad once
     splits = [n for n in nodes if n.target is aten.split_with_sizes.default]
     assert sorted(n.args[0].name for n in splits) == ["mse_loss_backward", "x_1"]
@@ -120,8 +122,14 @@ def test_batch_chunking_through_flattening_views(symbolic: bool) -> None:
     x, y = torch.randn(4, 3, D), torch.randn(4, 3, D)
     gm = trace(model, x, y, symbolic=symbolic)
     unchunked, _ = run_graph(gm, model, x, y)
-    chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=False,
-                               chunk_inputs=() if symbolic else ("x_1", "y_1")))
+    chunk_pass(
+        gm,
+        ChunkConfig(
+            module_patterns=("layers.*",),
+            early_grad_accumulation=False,
+            chunk_inputs=() if symbolic else ("x_1", "y_1"),
+        ),
+    )
     if symbolic:
         concretize_chunk_symbols(gm)
     out, _ = run_graph(gm, model, x, y)

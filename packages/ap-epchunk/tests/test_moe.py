@@ -18,10 +18,15 @@ def test_moe_chunking_equals_eager_chunking(symbolic: bool) -> None:
     x, y = torch.randn(8, D), torch.randn(8, D)
     gm = trace(model, x, y, symbolic=symbolic)
     unchunked, unchunked_buffers = run_graph(gm, model, x, y)
-    report = chunk_pass(gm, ChunkConfig(
-        module_patterns=("layers.*.moe",), num_chunks=2, early_grad_accumulation=False,
-        chunk_inputs=() if symbolic else ("x_1", "y_1"),
-    ))
+    report = chunk_pass(
+        gm,
+        ChunkConfig(
+            module_patterns=("layers.*.moe",),
+            num_chunks=2,
+            early_grad_accumulation=False,
+            chunk_inputs=() if symbolic else ("x_1", "y_1"),
+        ),
+    )
     assert {(r.root, r.backward) for r in report.regions} == {
         (f"layers.{i}.moe", bw) for i in range(2) for bw in (False, True)
     }

@@ -58,10 +58,12 @@ def test_sequence_chunking_across_attention(symbolic: bool) -> None:
     model = Stack(D, 1, Attention)
     x, y = torch.randn(8, D), torch.randn(8, D)
     gm = trace(model, x, y, symbolic=symbolic)
-    cfg = ChunkConfig(module_patterns=("layers.*",),
-                      chunk_inputs=() if symbolic else ("x_1", "y_1"))
-    err = _refuses(gm, cfg, "sequence chunking across attention is not supported: in region "
-                            "'layers.0'")
+    cfg = ChunkConfig(
+        module_patterns=("layers.*",), chunk_inputs=() if symbolic else ("x_1", "y_1")
+    )
+    err = _refuses(
+        gm, cfg, "sequence chunking across attention is not supported: in region 'layers.0'"
+    )
     assert err.node_name is not None
 
 
@@ -70,8 +72,11 @@ def test_value_without_chunk_dim_escaping_to_full_users() -> None:
     model = StatsModel()
     x, y = torch.randn(8, D), torch.randn(8, D)
     gm = trace(model, x, y, symbolic=True)
-    err = _refuses(gm, ChunkConfig(module_patterns=("layers.*",)),
-                   "value without the chunk dim escapes region 'layers.0'")
+    err = _refuses(
+        gm,
+        ChunkConfig(module_patterns=("layers.*",)),
+        "value without the chunk dim escapes region 'layers.0'",
+    )
     assert err.node_name == "amax"
 
 
@@ -80,8 +85,9 @@ def test_chunk_extent_not_divisible(symbolic: bool) -> None:
     model = Stack(D, 1)
     x, y = torch.randn(6, D), torch.randn(6, D)
     gm = trace(model, x, y, symbolic=symbolic)
-    cfg = ChunkConfig(module_patterns=("layers.*",), num_chunks=4,
-                      chunk_inputs=() if symbolic else ("x_1", "y_1"))
+    cfg = ChunkConfig(
+        module_patterns=("layers.*",), num_chunks=4, chunk_inputs=() if symbolic else ("x_1", "y_1")
+    )
     err = _refuses(gm, cfg, "not divisible by num_chunks=4")
     assert err.node_name == "x_1"
 
@@ -89,16 +95,22 @@ def test_chunk_extent_not_divisible(symbolic: bool) -> None:
 def test_no_region_matched() -> None:
     model = Stack(D, 1)
     gm = trace(model, torch.randn(8, D), torch.randn(8, D), symbolic=True)
-    _refuses(gm, ChunkConfig(module_patterns=("blocks.*",)),
-             r"no region matched module_patterns \['blocks.\*'\].*layers")
+    _refuses(
+        gm,
+        ChunkConfig(module_patterns=("blocks.*",)),
+        r"no region matched module_patterns \['blocks.\*'\].*layers",
+    )
 
 
 def test_no_chunk_dimension_and_unknown_chunk_input() -> None:
     model = Stack(D, 1)
     gm = trace(model, torch.randn(8, D), torch.randn(8, D), symbolic=False)
     _refuses(gm, ChunkConfig(module_patterns=("layers.*",)), "no chunk dimension")
-    _refuses(gm, ChunkConfig(module_patterns=("layers.*",), chunk_inputs=("tokens",)),
-             "chunk_inputs names no placeholder")
+    _refuses(
+        gm,
+        ChunkConfig(module_patterns=("layers.*",), chunk_inputs=("tokens",)),
+        "chunk_inputs names no placeholder",
+    )
 
 
 def test_interleaved_regions() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from _epchunk_testlib import GraphBuilder
 from ap_epchunk import ChunkConfig, chunk_pass
-from ap_epchunk.regions import find_regions, module_fqns, root_of
+from ap_epchunk._regions import find_regions, module_fqns, root_of
 
 aten = torch.ops.aten
 
@@ -36,11 +36,15 @@ def test_nn_module_stack_fallback_and_backward_fqn_from_seq_nr() -> None:
     assert stray not in fqns
     regions = find_regions(gm.graph, ("layers.*",), fqns)
     assert [(r.root, r.backward, len(r.candidates)) for r in regions] == [
-        ("layers.1", False, 2), ("layers.1", True, 1)
+        ("layers.1", False, 2),
+        ("layers.1", True, 1),
     ]
-    report = chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=False))
+    report = chunk_pass(
+        gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=False)
+    )
     assert [(r.root, r.backward, r.body_nodes) for r in report.regions] == [
-        ("layers.1", False, 2), ("layers.1", True, 1)
+        ("layers.1", False, 2),
+        ("layers.1", True, 1),
     ]
     # the saved activation reaches the backward region chunk by chunk: a single split (x),
     # one cat (the backward value escaping to the stray user), no cat-then-split

@@ -51,10 +51,12 @@ BAD_CUSTOM: list[Any] = [
     {"ap_chunk_glue": "no"},
     "not-a-dict",
 ]
-GOOD_RECOMPUTE = [
-    (p, gid) for p in CheckpointPolicy for gid in (None, 1, 100000)
+GOOD_RECOMPUTE = [(p, gid) for p in CheckpointPolicy for gid in (None, 1, 100000)]
+BAD_RECOMPUTE: list[tuple[Any, Any]] = [
+    (2, None),
+    ("MUST_SAVE", 1),
+    (CheckpointPolicy.MUST_SAVE, "x"),
 ]
-BAD_RECOMPUTE: list[tuple[Any, Any]] = [(2, None), ("MUST_SAVE", 1), (CheckpointPolicy.MUST_SAVE, "x")]
 
 
 @dataclass
@@ -289,8 +291,11 @@ def run_partition(
     fw_out_node = fw.graph.output_node()
     saved = {
         a.name: v
-        for a, v in zip(fw_out_node.args[0][joint.num_fwd_outputs :],
-                        fw_out[joint.num_fwd_outputs :], strict=True)
+        for a, v in zip(
+            fw_out_node.args[0][joint.num_fwd_outputs :],
+            fw_out[joint.num_fwd_outputs :],
+            strict=True,
+        )
         if isinstance(a, torch.fx.Node)
     }
     bw_args = []

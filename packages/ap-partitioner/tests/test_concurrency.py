@@ -15,7 +15,7 @@ import torch
 import torch.distributed._functional_collectives  # noqa: F401  (registers the waits)
 import torch.fx.node
 from ap_partitioner import wait_tensor_dce
-from ap_partitioner.dce import is_active
+from ap_partitioner._dce import is_active
 
 c10d = torch.ops._c10d_functional
 THREADS = 16

@@ -10,7 +10,7 @@ import torch.distributed._functional_collectives  # noqa: F401  (registers the w
 import torch.fx as fx
 import torch.fx.node
 from ap_partitioner import wait_tensor_dce
-from ap_partitioner.dce import is_active
+from ap_partitioner._dce import is_active
 
 c10d = torch.ops._c10d_functional
 
@@ -46,9 +46,15 @@ def test_registry_restored_exactly_and_waits_impure_again() -> None:
         assert c10d.wait_tensor.default not in inside and c10d.wait_tensor not in inside
         if hasattr(c10d, "wait_tensors"):
             assert c10d.wait_tensors.default not in inside
-        assert before - inside <= {c10d.wait_tensor, c10d.wait_tensor.default,
-                                   *((c10d.wait_tensors, c10d.wait_tensors.default)
-                                     if hasattr(c10d, "wait_tensors") else ())}
+        assert before - inside <= {
+            c10d.wait_tensor,
+            c10d.wait_tensor.default,
+            *(
+                (c10d.wait_tensors, c10d.wait_tensors.default)
+                if hasattr(c10d, "wait_tensors")
+                else ()
+            ),
+        }
     assert _snapshot() == before
     g = _graph_with_unused_wait()
     assert next(n for n in g.nodes if n.target is c10d.wait_tensor.default).is_impure()

@@ -94,7 +94,9 @@ def _without(name: str) -> Callable[..., None]:
 
 
 def _registry_not_a_set(gm: fx.GraphModule, mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(torch.fx.node, "_side_effectful_functions", list(torch.fx.node._side_effectful_functions))
+    mp.setattr(
+        torch.fx.node, "_side_effectful_functions", list(torch.fx.node._side_effectful_functions)
+    )
 
 
 def _save_all(**opts: Any) -> Callable[[fx.GraphModule], object]:
@@ -108,86 +110,218 @@ def _call(**kwargs: Any) -> Callable[[fx.GraphModule], object]:
 CASES: list[Case] = []
 # constructor options
 for opt, value, kind in [
-    ("strict", "yes", "str"), ("strict", 1, "int"), ("strict", None, "NoneType"),
-    ("dce_unused_waits", "no", "str"), ("dce_unused_waits", 0, "int"),
-    ("on_report", 3, "int"), ("on_report", "print", "str"),
+    ("strict", "yes", "str"),
+    ("strict", 1, "int"),
+    ("strict", None, "NoneType"),
+    ("dce_unused_waits", "no", "str"),
+    ("dce_unused_waits", 0, "int"),
+    ("on_report", 3, "int"),
+    ("on_report", "print", "str"),
 ]:
-    CASES.append(Case(f"SaveAllPartitioner/{opt}={value!r}",
-                      lambda gm, o=opt, v=value: SaveAllPartitioner(**{o: v}), TypeError,
-                      ("SaveAllPartitioner", opt, kind)))
-CASES.append(Case("MinCutPartitioner/on_report=3", lambda gm: MinCutPartitioner(on_report=3),  # type: ignore[arg-type]
-                  TypeError, ("MinCutPartitioner", "on_report", "int")))
-CASES.append(Case("SaveAllPartitioner/unknown_option", lambda gm: SaveAllPartitioner(foo=1),  # type: ignore[call-arg]
-                  TypeError, ("foo",)))
-CASES.append(Case("MinCutPartitioner/unknown_option", lambda gm: MinCutPartitioner(bar=1),  # type: ignore[call-arg]
-                  TypeError, ("bar",)))
+    CASES.append(
+        Case(
+            f"SaveAllPartitioner/{opt}={value!r}",
+            lambda gm, o=opt, v=value: SaveAllPartitioner(**{o: v}),
+            TypeError,
+            ("SaveAllPartitioner", opt, kind),
+        )
+    )
+CASES.append(
+    Case(
+        "MinCutPartitioner/on_report=3",
+        lambda gm: MinCutPartitioner(on_report=3),  # type: ignore[arg-type]
+        TypeError,
+        ("MinCutPartitioner", "on_report", "int"),
+    )
+)
+CASES.append(
+    Case(
+        "SaveAllPartitioner/unknown_option",
+        lambda gm: SaveAllPartitioner(foo=1),  # type: ignore[call-arg]
+        TypeError,
+        ("foo",),
+    )
+)
+CASES.append(
+    Case(
+        "MinCutPartitioner/unknown_option",
+        lambda gm: MinCutPartitioner(bar=1),  # type: ignore[call-arg]
+        TypeError,
+        ("bar",),
+    )
+)
 # call arguments
 for cls in (SaveAllPartitioner, MinCutPartitioner):
     name = cls.__name__
     for bad in ["gm", None, 3]:
-        CASES.append(Case(f"{name}/gm={type(bad).__name__}",
-                          lambda gm, c=cls, b=bad: c()(b, [], num_fwd_outputs=1), TypeError,
-                          (name, "gm", "GraphModule", type(bad).__name__)))
-    CASES.append(Case(f"{name}/gm=Graph", lambda gm, c=cls: c()(gm.graph, [], num_fwd_outputs=1),
-                      TypeError, (name, "gm", "GraphModule", "Graph")))
-    CASES.append(Case(f"{name}/num_fwd_outputs_missing", lambda gm, c=cls: c()(gm, []),
-                      TypeError, ("num_fwd_outputs",)))
+        CASES.append(
+            Case(
+                f"{name}/gm={type(bad).__name__}",
+                lambda gm, c=cls, b=bad: c()(b, [], num_fwd_outputs=1),
+                TypeError,
+                (name, "gm", "GraphModule", type(bad).__name__),
+            )
+        )
+    CASES.append(
+        Case(
+            f"{name}/gm=Graph",
+            lambda gm, c=cls: c()(gm.graph, [], num_fwd_outputs=1),
+            TypeError,
+            (name, "gm", "GraphModule", "Graph"),
+        )
+    )
+    CASES.append(
+        Case(
+            f"{name}/num_fwd_outputs_missing",
+            lambda gm, c=cls: c()(gm, []),
+            TypeError,
+            ("num_fwd_outputs",),
+        )
+    )
     for value in ["1", 1.5, True, None]:
-        CASES.append(Case(f"{name}/num_fwd_outputs={value!r}",
-                          lambda gm, c=cls, v=value: c()(gm, [], num_fwd_outputs=v), TypeError,
-                          ("num_fwd_outputs", repr(value))))
+        CASES.append(
+            Case(
+                f"{name}/num_fwd_outputs={value!r}",
+                lambda gm, c=cls, v=value: c()(gm, [], num_fwd_outputs=v),
+                TypeError,
+                ("num_fwd_outputs", repr(value)),
+            )
+        )
     for value in [-1, 3]:
-        CASES.append(Case(f"{name}/num_fwd_outputs={value}",
-                          lambda gm, c=cls, v=value: c()(gm, [], num_fwd_outputs=v), ValueError,
-                          ("num_fwd_outputs", str(value), "[0, 2]")))
+        CASES.append(
+            Case(
+                f"{name}/num_fwd_outputs={value}",
+                lambda gm, c=cls, v=value: c()(gm, [], num_fwd_outputs=v),
+                ValueError,
+                ("num_fwd_outputs", str(value), "[0, 2]"),
+            )
+        )
     for value in ["ab", [0.5], [True]]:
-        CASES.append(Case(
-            f"{name}/static_lifetime_input_indices={value!r}",
-            lambda gm, c=cls, v=value: c()(gm, [], num_fwd_outputs=1,
-                                           static_lifetime_input_indices=v),
-            TypeError, ("static_lifetime_input_indices", repr(value))))
-    CASES.append(Case(f"{name}/joint_inputs=int",
-                      lambda gm, c=cls: c()(gm, 3, num_fwd_outputs=1), TypeError,
-                      ("joint_inputs", "int")))
+        CASES.append(
+            Case(
+                f"{name}/static_lifetime_input_indices={value!r}",
+                lambda gm, c=cls, v=value: c()(
+                    gm, [], num_fwd_outputs=1, static_lifetime_input_indices=v
+                ),
+                TypeError,
+                ("static_lifetime_input_indices", repr(value)),
+            )
+        )
+    CASES.append(
+        Case(
+            f"{name}/joint_inputs=int",
+            lambda gm, c=cls: c()(gm, 3, num_fwd_outputs=1),
+            TypeError,
+            ("joint_inputs", "int"),
+        )
+    )
 
 # graphs that violate the replay's preconditions (strict: refuse, graph untouched)
 CASES += [
-    Case("strict/malformed_custom", _save_all(strict=True), ap_tags.TagError,
-         ("add_tensor", "ap_must_save"), setup=_set_meta("add_tensor", "custom", {"ap_must_save": "yes"})),
-    Case("strict/malformed_recompute", _save_all(strict=True), ap_tags.TagError,
-         ("sin", "recompute", "2"), setup=_set_meta("sin", "recompute", 2)),
-    Case("strict/must_recompute_input_no_valid_cut", _save_all(strict=True), ReplayError,
-         ("primals_1", "MUST_RECOMPUTE", "not a valid cut"),
-         setup=_set_meta("primals_1", "recompute", CheckpointPolicy.MUST_RECOMPUTE)),
+    Case(
+        "strict/malformed_custom",
+        _save_all(strict=True),
+        ap_tags.TagError,
+        ("add_tensor", "ap_must_save"),
+        setup=_set_meta("add_tensor", "custom", {"ap_must_save": "yes"}),
+    ),
+    Case(
+        "strict/malformed_recompute",
+        _save_all(strict=True),
+        ap_tags.TagError,
+        ("sin", "recompute", "2"),
+        setup=_set_meta("sin", "recompute", 2),
+    ),
+    Case(
+        "strict/must_recompute_input_no_valid_cut",
+        _save_all(strict=True),
+        ReplayError,
+        ("primals_1", "MUST_RECOMPUTE", "not a valid cut"),
+        setup=_set_meta("primals_1", "recompute", CheckpointPolicy.MUST_RECOMPUTE),
+    ),
 ]
 # other public functions
 CASES += [
-    Case("report_for/fw_module=str", lambda gm: AP.report_for("fw", gm, 1), TypeError,  # type: ignore[arg-type]
-         ("report_for", "fw_module", "GraphModule", "str")),
-    Case("report_for/bw_module=None", lambda gm: AP.report_for(gm, None, 1), TypeError,  # type: ignore[arg-type]
-         ("report_for", "bw_module", "NoneType")),
-    Case("report_for/num_fwd_outputs=str", lambda gm: AP.report_for(gm, gm, "1"), TypeError,  # type: ignore[arg-type]
-         ("report_for", "num_fwd_outputs", "'1'")),
-    Case("plan_saves/candidates=int", lambda gm: AP.plan_saves(3), TypeError,  # type: ignore[arg-type]
-         ("plan_saves", "candidates", "int")),
-    Case("plan_saves/candidates=strs", lambda gm: AP.plan_saves(["a"]), TypeError,  # type: ignore[list-item]
-         ("plan_saves", "torch.fx.Node", "str")),
-    Case("is_all_gather_output/node=str", lambda gm: AP.is_all_gather_output("a"), TypeError,  # type: ignore[arg-type]
-         ("is_all_gather_output", "torch.fx.Node", "str")),
+    Case(
+        "report_for/fw_module=str",
+        lambda gm: AP.report_for("fw", gm, 1),
+        TypeError,  # type: ignore[arg-type]
+        ("report_for", "fw_module", "GraphModule", "str"),
+    ),
+    Case(
+        "report_for/bw_module=None",
+        lambda gm: AP.report_for(gm, None, 1),
+        TypeError,  # type: ignore[arg-type]
+        ("report_for", "bw_module", "NoneType"),
+    ),
+    Case(
+        "report_for/num_fwd_outputs=str",
+        lambda gm: AP.report_for(gm, gm, "1"),
+        TypeError,  # type: ignore[arg-type]
+        ("report_for", "num_fwd_outputs", "'1'"),
+    ),
+    Case(
+        "plan_saves/candidates=int",
+        lambda gm: AP.plan_saves(3),
+        TypeError,  # type: ignore[arg-type]
+        ("plan_saves", "candidates", "int"),
+    ),
+    Case(
+        "plan_saves/candidates=strs",
+        lambda gm: AP.plan_saves(["a"]),
+        TypeError,  # type: ignore[list-item]
+        ("plan_saves", "torch.fx.Node", "str"),
+    ),
+    Case(
+        "is_all_gather_output/node=str",
+        lambda gm: AP.is_all_gather_output("a"),
+        TypeError,  # type: ignore[arg-type]
+        ("is_all_gather_output", "torch.fx.Node", "str"),
+    ),
 ]
 # unsupported torch: a partitioner internal disappears / the side-effect registry changes shape
-for internal in ("classify_nodes", "_extract_fwd_bwd_modules", "force_save_collectives",
-                 "min_cut_rematerialization_partition"):
-    CASES.append(Case(f"SaveAllPartitioner/no_{internal}", _save_all(), UnsupportedTorchError,
-                      (internal, RANGE), setup=_without(internal)))
-CASES.append(Case("MinCutPartitioner/no_min_cut", lambda gm: MinCutPartitioner()(gm, [], num_fwd_outputs=1),
-                  UnsupportedTorchError, ("min_cut_rematerialization_partition", RANGE),
-                  setup=_without("min_cut_rematerialization_partition")))
-CASES.append(Case("wait_tensor_dce/registry_not_a_set", lambda gm: AP.wait_tensor_dce().__enter__(),
-                  UnsupportedTorchError, ("_side_effectful_functions", RANGE),
-                  setup=_registry_not_a_set))
-CASES.append(Case("SaveAllPartitioner/registry_not_a_set", _save_all(), UnsupportedTorchError,
-                  ("_side_effectful_functions", RANGE), setup=_registry_not_a_set))
+for internal in (
+    "classify_nodes",
+    "_extract_fwd_bwd_modules",
+    "force_save_collectives",
+    "min_cut_rematerialization_partition",
+):
+    CASES.append(
+        Case(
+            f"SaveAllPartitioner/no_{internal}",
+            _save_all(),
+            UnsupportedTorchError,
+            (internal, RANGE),
+            setup=_without(internal),
+        )
+    )
+CASES.append(
+    Case(
+        "MinCutPartitioner/no_min_cut",
+        lambda gm: MinCutPartitioner()(gm, [], num_fwd_outputs=1),
+        UnsupportedTorchError,
+        ("min_cut_rematerialization_partition", RANGE),
+        setup=_without("min_cut_rematerialization_partition"),
+    )
+)
+CASES.append(
+    Case(
+        "wait_tensor_dce/registry_not_a_set",
+        lambda gm: AP.wait_tensor_dce().__enter__(),
+        UnsupportedTorchError,
+        ("_side_effectful_functions", RANGE),
+        setup=_registry_not_a_set,
+    )
+)
+CASES.append(
+    Case(
+        "SaveAllPartitioner/registry_not_a_set",
+        _save_all(),
+        UnsupportedTorchError,
+        ("_side_effectful_functions", RANGE),
+        setup=_registry_not_a_set,
+    )
+)
 
 
 @pytest.fixture(autouse=True)
@@ -230,8 +364,13 @@ def test_catalogue_size() -> None:
         _set_meta("sin", "recompute", "MUST_SAVE"),
         _set_meta("primals_1", "recompute", CheckpointPolicy.MUST_RECOMPUTE),
     ],
-    ids=["custom_bool", "custom_not_dict", "recompute_int_on_input", "recompute_str",
-         "must_recompute_input"],
+    ids=[
+        "custom_bool",
+        "custom_not_dict",
+        "recompute_int_on_input",
+        "recompute_str",
+        "must_recompute_input",
+    ],
 )
 def test_non_strict_never_raises_on_bad_tags(
     setup: Callable[..., None], monkeypatch: pytest.MonkeyPatch

@@ -74,7 +74,9 @@ def _train(
 
 
 @contextlib.contextmanager
-def _partitioner_with(pre: Callable[..., Any] | None) -> Iterator[tuple[Any, list[PartitionReport]]]:
+def _partitioner_with(
+    pre: Callable[..., Any] | None,
+) -> Iterator[tuple[Any, list[PartitionReport]]]:
     reports: list[PartitionReport] = []
     save_all = SaveAllPartitioner(on_report=reports.append)
 
@@ -85,8 +87,10 @@ def _partitioner_with(pre: Callable[..., Any] | None) -> Iterator[tuple[Any, lis
 
     torch._dynamo.reset()
     try:
-        yield aot_autograd(fw_compiler=_identity, bw_compiler=_identity,
-                           partition_fn=partition_fn), reports
+        yield (
+            aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition_fn),
+            reports,
+        )
     finally:
         torch._dynamo.reset()
 
@@ -101,8 +105,10 @@ def test_invalid_tags_fall_back_to_min_cut_and_training_matches_eager(
     model = MLP(annotate_bad_tags=breakage == "malformed_tags")
     model.load_state_dict(eager.state_dict())
     pre = _break_the_cut if breakage == "invalid_cut" else None
-    with caplog.at_level(logging.WARNING, logger="ap_partitioner"), \
-            _partitioner_with(pre) as (backend, reports):
+    with (
+        caplog.at_level(logging.WARNING, logger="ap_partitioner"),
+        _partitioner_with(pre) as (backend, reports),
+    ):
         got = _train(model, torch.compile(model, backend=backend, fullgraph=True), data)
     want = _train(eager, eager, data)
 

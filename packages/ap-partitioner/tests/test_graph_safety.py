@@ -52,9 +52,7 @@ def test_save_all_partitioner_is_safe(joint: RandomJoint, strict: bool) -> None:
     reports: list[PartitionReport] = []
     partitioner = SaveAllPartitioner(strict=strict, on_report=reports.append)
     try:
-        fw, bw = partitioner(
-            joint.gm, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs
-        )
+        fw, bw = partitioner(joint.gm, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
     except (ReplayError, ap_tags.TagError) as err:
         assert strict, f"non-strict SaveAll raised instead of falling back: {err}"
         assert snapshot(joint.gm) == before, "a refusing partitioner modified the joint graph"

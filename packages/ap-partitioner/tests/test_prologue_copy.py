@@ -12,11 +12,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import ap_tags
 import torch
 import torch.fx as fx
 from ap_partitioner import PartitionReport, SaveAllPartitioner, _gcpause
-from ap_partitioner.prologue import dce_would_remove_nothing, normalized_copy
-from ap_tags import keys
+from ap_partitioner._prologue import dce_would_remove_nothing, normalized_copy
 
 aten = torch.ops.aten
 
@@ -46,7 +46,7 @@ class Joint:
 
 def tag(node: fx.Node, *, replay: bool = False) -> None:
     if replay:
-        node.meta.setdefault("custom", {})[keys.MUST_SAVE] = True
+        node.meta.setdefault("custom", {})[ap_tags.MUST_SAVE] = True
 
 
 def partition(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:

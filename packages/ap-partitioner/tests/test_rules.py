@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.fx as fx
 from ap_partitioner import PartitionReport, ReplayError, SaveAllPartitioner, plan_saves
-from ap_tags import keys
 from torch.utils.checkpoint import CheckpointPolicy
 
 aten = torch.ops.aten
@@ -37,6 +36,7 @@ class Joint:
         node = self.g.call_function(target, args)
         if name is not None:
             node.name = name
+
         def val(a: Any) -> Any:
             if isinstance(a, fx.Node):
                 return a.meta["val"]
@@ -52,23 +52,35 @@ class Joint:
         return fx.GraphModule(torch.nn.Module(), self.g)
 
 
-def tag(node: fx.Node, *, replay: bool = False, policy: CheckpointPolicy | None = None,
-        indices: list[int] | None = None) -> None:
+def tag(
+    node: fx.Node,
+    *,
+    replay: bool = False,
+    policy: CheckpointPolicy | None = None,
+    indices: list[int] | None = None,
+) -> None:
     custom = node.meta.setdefault("custom", {})
     if replay:
-        custom[keys.MUST_SAVE] = True
+        custom[ap_tags.MUST_SAVE] = True
     if indices is not None:
-        custom[keys.MUST_SAVE_INDICES] = indices
+        custom[ap_tags.MUST_SAVE_INDICES] = indices
     if policy is not None:
         node.meta["recompute"] = policy
 
 
-def partition(gm: fx.GraphModule, num_fwd_outputs: int = 1, *, joint_inputs: list[Any] | None = None,
-              strict: bool = False, **kw: Any) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
+def partition(
+    gm: fx.GraphModule,
+    num_fwd_outputs: int = 1,
+    *,
+    joint_inputs: list[Any] | None = None,
+    strict: bool = False,
+    **kw: Any,
+) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
     reports: list[PartitionReport] = []
     fn = SaveAllPartitioner(strict=strict, on_report=reports.append)
-    fw, bw = fn(gm, [] if joint_inputs is None else joint_inputs,
-                num_fwd_outputs=num_fwd_outputs, **kw)
+    fw, bw = fn(
+        gm, [] if joint_inputs is None else joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw
+    )
     assert len(reports) == 1
     return fw, bw, reports[0]
 
@@ -94,8 +106,9 @@ def simple(meta_tagger: Callable[[fx.Node], None]) -> fx.GraphModule:
     return j.module(add, grad)
 
 
-def split_graph(parent_tag: Callable[[fx.Node], None], *, inherit: bool = False,
-                extra_parent_user: bool = False) -> fx.GraphModule:
+def split_graph(
+    parent_tag: Callable[[fx.Node], None], *, inherit: bool = False, extra_parent_user: bool = False
+) -> fx.GraphModule:
     """fwd: split(x) -> 3 getitems -> cos each -> cat; bwd uses cos(getitem 0) and cos(getitem 1)."""
     j = Joint()
     x = j.input("primals_1", 6)
@@ -222,8 +235,13 @@ def test_sym_nodes_saved_end_to_end_with_dynamic_shapes() -> None:
     reports: list[PartitionReport] = []
 
     def backend(gm: fx.GraphModule, ex: list[Any]) -> Any:
-        return aot_module_simplified(gm, ex, fw_compiler=_identity, bw_compiler=_identity,
-                                     partition_fn=SaveAllPartitioner(on_report=reports.append))
+        return aot_module_simplified(
+            gm,
+            ex,
+            fw_compiler=_identity,
+            bw_compiler=_identity,
+            partition_fn=SaveAllPartitioner(on_report=reports.append),
+        )
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return (x.sin() * x.shape[0]).sum()
@@ -255,6 +273,7 @@ def test_opaque_saved_unless_must_recompute(monkeypatch: pytest.MonkeyPatch) -> 
 def test_saved_lists_are_deduplicated() -> None:
     """A getitem both selected by its parent's index list and MUST_SAVE itself (as 2.15's
     ``force_save_collectives`` tags leaves) must be saved once."""
+
     def parent(n: fx.Node) -> None:
         tag(n, replay=True, indices=[0])
         for user in list(n.users):
@@ -315,7 +334,9 @@ def test_invalid_cut_falls_back_to_min_cut_with_warning(caplog: pytest.LogCaptur
         fw, bw, rep = partition(_uncuttable())
     assert rep.fell_back and rep.missing_values == ("primals_1",)
     assert rep.fallback_reason is not None and "primals_1" in rep.fallback_reason
-    assert any("primals_1" in r.getMessage() and "min-cut" in r.getMessage() for r in caplog.records)
+    assert any(
+        "primals_1" in r.getMessage() and "min-cut" in r.getMessage() for r in caplog.records
+    )
     assert "primals_1" in bw_inputs(bw) or "add_tensor" in bw_inputs(bw)  # min-cut's valid cut
 
 
@@ -372,7 +393,9 @@ def _rand_graph_tagged() -> fx.GraphModule:
 # --------------------------------------------------------------------- uuid and report
 
 
-def test_uuid_is_stable_and_changes_with_options_and_source(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_uuid_is_stable_and_changes_with_options_and_source(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     base = SaveAllPartitioner().uuid()
     assert isinstance(base, str) and base == SaveAllPartitioner(on_report=print).uuid()
     assert SaveAllPartitioner(strict=True).uuid() != base
@@ -402,7 +425,7 @@ def test_report_measures_saved_bytes() -> None:
 
 
 def test_malformed_tags_strict_raise_tag_error_and_leave_the_graph_untouched() -> None:
-    gm = simple(lambda n: n.meta.setdefault("custom", {}).update({keys.MUST_SAVE: "yes"}))
+    gm = simple(lambda n: n.meta.setdefault("custom", {}).update({ap_tags.MUST_SAVE: "yes"}))
     before = gm.graph.python_code("self").src
     with pytest.raises(ap_tags.TagError, match="add_tensor"):
         partition(gm, strict=True)
@@ -410,7 +433,7 @@ def test_malformed_tags_strict_raise_tag_error_and_leave_the_graph_untouched() -
 
 
 def test_malformed_tags_fall_back_to_min_cut() -> None:
-    gm = simple(lambda n: n.meta.setdefault("custom", {}).update({keys.MUST_SAVE: "yes"}))
+    gm = simple(lambda n: n.meta.setdefault("custom", {}).update({ap_tags.MUST_SAVE: "yes"}))
     _, _, rep = partition(gm)
     assert rep.fell_back and "malformed tags" in (rep.fallback_reason or "")
     assert "add_tensor" in (rep.fallback_reason or "")
@@ -419,7 +442,7 @@ def test_malformed_tags_fall_back_to_min_cut() -> None:
 def test_effectful_op_tagged_must_recompute_is_saved_instead_of_raising() -> None:
     """torch 2.15's ``force_save_effectful_ops`` raises on MUST_RECOMPUTE (2.13/2.14 skip it and
     build an invalid backward); the prologue re-tags it MUST_SAVE first, on every version."""
-    from ap_partitioner.prologue import run_prologue
+    from ap_partitioner._prologue import run_prologue
     from torch._higher_order_ops.effects import with_effects
 
     j = Joint()
@@ -442,8 +465,9 @@ def test_effectful_op_tagged_must_recompute_is_saved_instead_of_raising() -> Non
     assert "getitem_1" in [n.name for n in plan.values]
 
 
-def test_report_is_logged_and_traced(monkeypatch: pytest.MonkeyPatch,
-                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_report_is_logged_and_traced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from ap_partitioner import report as report_mod
 
     artifacts: list[tuple[dict[str, Any], str]] = []
@@ -453,7 +477,7 @@ def test_report_is_logged_and_traced(monkeypatch: pytest.MonkeyPatch,
         artifacts.append((metadata_fn(), payload_fn()))
 
     monkeypatch.setattr(report_mod, "trace_structured", trace)
-    with caplog.at_level(logging.DEBUG, logger="ap_partitioner.report"):
+    with caplog.at_level(logging.DEBUG, logger="ap_partitioner._report"):
         _, _, rep = partition(simple(lambda n: tag(n, replay=True)))
     assert artifacts == [({"name": "ap_partition_report", "encoding": "json"}, rep.to_json())]
     assert any("partition report" in r.getMessage() for r in caplog.records)
@@ -480,15 +504,22 @@ def test_fallback_drops_the_unsatisfiable_recompute_tag_for_min_cut() -> None:
     [
         (lambda: SaveAllPartitioner(strict="yes"), TypeError, ("strict", "str")),
         (lambda: ap_partitioner.MinCutPartitioner(on_report=3), TypeError, ("on_report", "int")),
-        (lambda: SaveAllPartitioner()(simple(lambda n: None), [], num_fwd_outputs=5),
-         ValueError, ("num_fwd_outputs", "[0, 2]")),
-        (lambda: SaveAllPartitioner()(simple(lambda n: None).graph, [], num_fwd_outputs=1),
-         TypeError, ("gm", "GraphModule", "Graph")),
+        (
+            lambda: SaveAllPartitioner()(simple(lambda n: None), [], num_fwd_outputs=5),
+            ValueError,
+            ("num_fwd_outputs", "[0, 2]"),
+        ),
+        (
+            lambda: SaveAllPartitioner()(simple(lambda n: None).graph, [], num_fwd_outputs=1),
+            TypeError,
+            ("gm", "GraphModule", "Graph"),
+        ),
         (lambda: plan_saves(["a"]), TypeError, ("plan_saves", "torch.fx.Node", "str")),
     ],
 )
-def test_bad_arguments_name_the_culprit(call: Callable[[], object], exc: type[Exception],
-                                        words: tuple[str, ...]) -> None:
+def test_bad_arguments_name_the_culprit(
+    call: Callable[[], object], exc: type[Exception], words: tuple[str, ...]
+) -> None:
     with pytest.raises(exc) as info:
         call()
     assert all(w in str(info.value) for w in words), str(info.value)

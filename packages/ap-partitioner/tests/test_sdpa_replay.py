@@ -123,8 +123,13 @@ def second_compile(first: nn.Module, x: torch.Tensor) -> tuple[PartitionReport, 
         return fw, bw
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_identity,
-                                     bw_compiler=_boxed_identity, partition_fn=capture)
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=_boxed_identity,
+            bw_compiler=_boxed_identity,
+            partition_fn=capture,
+        )
 
     torch._dynamo.reset()
     try:
@@ -185,12 +190,18 @@ def _sdpa_node(*extra: Any, **kwargs: Any) -> fx.Node:
 
 @pytest.mark.parametrize(
     ("extra", "kwargs", "random"),
-    [((), {}, False), ((0.0,), {}, False), ((), {"dropout_p": 0.0}, False),
-     ((0.1,), {}, True), ((), {"dropout_p": 0.1}, True)],
+    [
+        ((), {}, False),
+        ((0.0,), {}, False),
+        ((), {"dropout_p": 0.0}, False),
+        ((0.1,), {}, True),
+        ((), {"dropout_p": 0.1}, True),
+    ],
     ids=["default", "zero_pos", "zero_kw", "dropout_pos", "dropout_kw"],
 )
-def test_sdpa_is_random_only_with_dropout(extra: tuple[Any, ...], kwargs: dict[str, Any],
-                                          random: bool) -> None:
+def test_sdpa_is_random_only_with_dropout(
+    extra: tuple[Any, ...], kwargs: dict[str, Any], random: bool
+) -> None:
     assert _compat.is_random(_sdpa_node(*extra, **kwargs)) is random
 
 

@@ -25,7 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 from ap_partitioner import MinCutPartitioner, PartitionReport, SaveAllPartitioner, report_for
-from ap_partitioner.report import is_all_gather_output
+from ap_partitioner._report import is_all_gather_output
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 WORLD = 8
@@ -78,8 +78,13 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, layers: int = 2, dim: int = 64, heads: int = 4,
-                 cast: torch.dtype | None = torch.bfloat16) -> None:
+    def __init__(
+        self,
+        layers: int = 2,
+        dim: int = 64,
+        heads: int = 4,
+        cast: torch.dtype | None = torch.bfloat16,
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(Block(dim, heads, cast) for _ in range(layers))
 
@@ -150,7 +155,9 @@ def _boxed_identity(gm: fx.GraphModule, _example_inputs: Any) -> Any:
     return make_boxed_func(gm)
 
 
-def second_compile(first: First, partitioner: Any, *, ac: bool) -> tuple[PartitionReport, fx.GraphModule]:
+def second_compile(
+    first: First, partitioner: Any, *, ac: bool
+) -> tuple[PartitionReport, fx.GraphModule]:
     """``torch.compile`` the first callable; return the partition report and forward graph."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
@@ -165,8 +172,13 @@ def second_compile(first: First, partitioner: Any, *, ac: bool) -> tuple[Partiti
     partitioner.on_report = reports.append
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_identity,
-                                     bw_compiler=_boxed_identity, partition_fn=capture)
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=_boxed_identity,
+            bw_compiler=_boxed_identity,
+            partition_fn=capture,
+        )
 
     torch._dynamo.reset()
     joint_pass = ap_tags.ac_joint_pass("auto") if ac else None
@@ -192,8 +204,11 @@ def _canonical_classes(fw: fx.GraphModule) -> dict[str, str]:
         if node.op != "call_function" or node.is_impure():
             rep[node] = node.name
             continue
-        key = (node.target, repr(fx.node.map_arg(node.args, lambda a: rep[a])),
-               repr(fx.node.map_arg(node.kwargs, lambda a: rep[a])))
+        key = (
+            node.target,
+            repr(fx.node.map_arg(node.args, lambda a: rep[a])),
+            repr(fx.node.map_arg(node.kwargs, lambda a: rep[a])),
+        )
         rep[node] = seen.setdefault(key, node.name)
     return {n.name: r for n, r in rep.items()}
 
@@ -230,8 +245,9 @@ def replayed_classes(first: First, fw: fx.GraphModule, report: PartitionReport) 
             continue
         src = first_nodes[origin]
         if node.target is operator.getitem and src.target is not operator.getitem:
-            src = next(u for u in src.users if u.target is operator.getitem
-                       and u.args[1] == node.args[1])
+            src = next(
+                u for u in src.users if u.target is operator.getitem and u.args[1] == node.args[1]
+            )
         out.append(classes[src.name])
     return sorted(out)
 
@@ -307,10 +323,12 @@ def test_min_cut_with_ac_differs_from_the_replay(first: First, run: Any) -> None
     }
     print("\npartition           saved_act  act_bytes  ag_saved  ag_bytes  bw_coll  bw_ag  time_ms")
     for name, r in rows.items():
-        print(f"{name:<18} {r.saved_activation_count:>10} {r.saved_activation_bytes:>10} "
-              f"{r.saved_all_gather_count:>9} {r.saved_all_gather_bytes:>9} "
-              f"{r.backward_collectives:>8} {r.backward_all_gathers:>6} "
-              f"{r.partition_time_s * 1e3:>8.1f}")
+        print(
+            f"{name:<18} {r.saved_activation_count:>10} {r.saved_activation_bytes:>10} "
+            f"{r.saved_all_gather_count:>9} {r.saved_all_gather_bytes:>9} "
+            f"{r.backward_collectives:>8} {r.backward_all_gathers:>6} "
+            f"{r.partition_time_s * 1e3:>8.1f}"
+        )
     # the replay re-gathers exactly what the first backward re-gathered
     assert save_all.backward_all_gathers == first.report.backward_all_gathers
     assert save_all.backward_collectives == first.report.backward_collectives

@@ -46,10 +46,12 @@ BAD_CUSTOM: list[Any] = [
     {"ap_chunk_glue": "no"},
     "not-a-dict",
 ]
-GOOD_RECOMPUTE = [
-    (p, gid) for p in CheckpointPolicy for gid in (None, 1, 100000)
+GOOD_RECOMPUTE = [(p, gid) for p in CheckpointPolicy for gid in (None, 1, 100000)]
+BAD_RECOMPUTE: list[tuple[Any, Any]] = [
+    (2, None),
+    ("MUST_SAVE", 1),
+    (CheckpointPolicy.MUST_SAVE, "x"),
 ]
-BAD_RECOMPUTE: list[tuple[Any, Any]] = [(2, None), ("MUST_SAVE", 1), (CheckpointPolicy.MUST_SAVE, "x")]
 
 
 @dataclass

@@ -176,44 +176,106 @@ CASES: list[Case] = []
 for bad in BAD_GRAPHS:
     kind = type(bad).__name__
     CASES += [
-        Case(f"validate_tags/graph={kind}", lambda gm, n, b=bad: T.validate_tags(b), TypeError,
-             ("validate_tags", GRAPH_ARG, kind)),
-        Case(f"fsdp/graph={kind}", lambda gm, n, b=bad: T.mark_fsdp_all_gather_recomputation(b),
-             TypeError, ("mark_fsdp_all_gather_recomputation", GRAPH_ARG, kind)),
-        Case(f"ac_stages/graph={kind}", lambda gm, n, b=bad: T.mark_ac_stages(b), TypeError,
-             ("mark_ac_stages", GRAPH_ARG, kind)),
-        Case(f"tag_saved_outputs/fw_gm={kind}", lambda gm, n, b=bad: T.tag_saved_outputs(b),
-             TypeError, ("tag_saved_outputs", "fw_gm", "GraphModule", kind)),
-        Case(f"ac_joint_pass/fx_g={kind}",
-             lambda gm, n, b=bad: T.ac_joint_pass(1.0)(b, []), TypeError,  # type: ignore[arg-type]
-             ("mark_ac_stages", GRAPH_ARG, kind)),
-        Case(f"preserve_meta_compiler/gm={kind}",
-             lambda gm, n, b=bad: T.preserve_meta_compiler()(b, []), TypeError,  # type: ignore[arg-type]
-             ("preserve_meta_compiler", "gm", kind)),
+        Case(
+            f"validate_tags/graph={kind}",
+            lambda gm, n, b=bad: T.validate_tags(b),
+            TypeError,
+            ("validate_tags", GRAPH_ARG, kind),
+        ),
+        Case(
+            f"fsdp/graph={kind}",
+            lambda gm, n, b=bad: T.mark_fsdp_all_gather_recomputation(b),
+            TypeError,
+            ("mark_fsdp_all_gather_recomputation", GRAPH_ARG, kind),
+        ),
+        Case(
+            f"ac_stages/graph={kind}",
+            lambda gm, n, b=bad: T.mark_ac_stages(b),
+            TypeError,
+            ("mark_ac_stages", GRAPH_ARG, kind),
+        ),
+        Case(
+            f"tag_saved_outputs/fw_gm={kind}",
+            lambda gm, n, b=bad: T.tag_saved_outputs(b),
+            TypeError,
+            ("tag_saved_outputs", "fw_gm", "GraphModule", kind),
+        ),
+        Case(
+            f"ac_joint_pass/fx_g={kind}",
+            lambda gm, n, b=bad: T.ac_joint_pass(1.0)(b, []),
+            TypeError,  # type: ignore[arg-type]
+            ("mark_ac_stages", GRAPH_ARG, kind),
+        ),
+        Case(
+            f"preserve_meta_compiler/gm={kind}",
+            lambda gm, n, b=bad: T.preserve_meta_compiler()(b, []),
+            TypeError,  # type: ignore[arg-type]
+            ("preserve_meta_compiler", "gm", kind),
+        ),
     ]
-for accessor in ["custom_meta", "is_must_save", "must_save_indices", "recompute_policy",
-                 "ac_graph_id", "module_fqn", "mark_must_save", "node_tag_problems"]:
-    CASES.append(Case(f"{accessor}/node=str", lambda gm, n, a=accessor: getattr(T, a)("relu"),
-                      TypeError, (accessor, "torch.fx.Node", "str")))
+for accessor in [
+    "custom_meta",
+    "is_must_save",
+    "must_save_indices",
+    "recompute_policy",
+    "ac_graph_id",
+    "module_fqn",
+    "mark_must_save",
+    "node_tag_problems",
+]:
+    CASES.append(
+        Case(
+            f"{accessor}/node=str",
+            lambda gm, n, a=accessor: getattr(T, a)("relu"),
+            TypeError,
+            (accessor, "torch.fx.Node", "str"),
+        )
+    )
 for bad in ["gm", None, torch.fx.Graph()]:
-    CASES.append(Case(f"release_recomputed_saves/bw_gm={type(bad).__name__}",
-                      lambda gm, n, b=bad: T.release_recomputed_saves(b),  # type: ignore[arg-type]
-                      TypeError, ("release_recomputed_saves", "bw_gm", "GraphModule",
-                                  type(bad).__name__)))
-CASES.append(Case("set_recompute/node=str",
-                  lambda gm, n: T.set_recompute("relu", P.MUST_SAVE),  # type: ignore[arg-type]
-                  TypeError, ("set_recompute", "torch.fx.Node", "str")))
-CASES.append(Case("tag_saved_outputs/fw_gm=Graph",
-                  lambda gm, n: T.tag_saved_outputs(gm.graph),  # type: ignore[arg-type]
-                  TypeError, ("tag_saved_outputs", "GraphModule", "Graph")))
+    CASES.append(
+        Case(
+            f"release_recomputed_saves/bw_gm={type(bad).__name__}",
+            lambda gm, n, b=bad: T.release_recomputed_saves(b),  # type: ignore[arg-type]
+            TypeError,
+            ("release_recomputed_saves", "bw_gm", "GraphModule", type(bad).__name__),
+        )
+    )
+CASES.append(
+    Case(
+        "set_recompute/node=str",
+        lambda gm, n: T.set_recompute("relu", P.MUST_SAVE),  # type: ignore[arg-type]
+        TypeError,
+        ("set_recompute", "torch.fx.Node", "str"),
+    )
+)
+CASES.append(
+    Case(
+        "tag_saved_outputs/fw_gm=Graph",
+        lambda gm, n: T.tag_saved_outputs(gm.graph),  # type: ignore[arg-type]
+        TypeError,
+        ("tag_saved_outputs", "GraphModule", "Graph"),
+    )
+)
 
 for node, key, value, words in VALIDATE_CASES:
-    CASES.append(Case(f"validate_tags/{node}.{key}={value!r}", lambda gm, n: T.validate_tags(gm),
-                      TagError, (node, *words), setup=_validate_setup(node, key, value)))
-CASES.append(Case(
-    "validate_tags/indices_without_must_save", lambda gm, n: T.validate_tags(gm), TagError,
-    ("split", "ap_must_save_getitem_indices is set but ap_must_save is not True"),
-    setup=_set_custom("split", "ap_must_save_getitem_indices", [0])))
+    CASES.append(
+        Case(
+            f"validate_tags/{node}.{key}={value!r}",
+            lambda gm, n: T.validate_tags(gm),
+            TagError,
+            (node, *words),
+            setup=_validate_setup(node, key, value),
+        )
+    )
+CASES.append(
+    Case(
+        "validate_tags/indices_without_must_save",
+        lambda gm, n: T.validate_tags(gm),
+        TagError,
+        ("split", "ap_must_save_getitem_indices is set but ap_must_save is not True"),
+        setup=_set_custom("split", "ap_must_save_getitem_indices", [0]),
+    )
+)
 
 
 def _two_bad(gm: torch.fx.GraphModule, n: Nodes, mp: pytest.MonkeyPatch) -> None:
@@ -221,111 +283,225 @@ def _two_bad(gm: torch.fx.GraphModule, n: Nodes, mp: pytest.MonkeyPatch) -> None
     n["mm"].meta["custom"] = {"ap_must_save": 1, "module_fqn": 5}
 
 
-CASES.append(Case("validate_tags/every_bad_node_named", lambda gm, n: T.validate_tags(gm),
-                  TagError, ("2 nodes", "relu", "mm", "ap_must_save", "module_fqn"),
-                  setup=_two_bad))
+CASES.append(
+    Case(
+        "validate_tags/every_bad_node_named",
+        lambda gm, n: T.validate_tags(gm),
+        TagError,
+        ("2 nodes", "relu", "mm", "ap_must_save", "module_fqn"),
+        setup=_two_bad,
+    )
+)
 
 # accessors reading malformed values
 CASES += [
-    Case("custom_meta/non_dict", lambda gm, n: T.custom_meta(n["relu"]), TagError,
-         ("relu", "custom", "list"), setup=_set_meta("relu", "custom", [1])),
-    Case("is_must_save/int", lambda gm, n: T.is_must_save(n["relu"]), TagError,
-         ("relu", "ap_must_save", "bool"), setup=_set_custom("relu", "ap_must_save", 1)),
-    Case("must_save_indices/negative", lambda gm, n: T.must_save_indices(n["split"]), TagError,
-         ("split", "negative", "-1"),
-         setup=_set_custom("split", "ap_must_save_getitem_indices", [-1])),
-    Case("must_save_indices/str", lambda gm, n: T.must_save_indices(n["split"]), TagError,
-         ("split", "ap_must_save_getitem_indices", "str"),
-         setup=_set_custom("split", "ap_must_save_getitem_indices", "01")),
-    Case("recompute_policy/int", lambda gm, n: T.recompute_policy(n["relu"]), TagError,
-         ("relu", "recompute", "2"), setup=_set_meta("relu", "recompute", 2)),
-    Case("ac_graph_id/str", lambda gm, n: T.ac_graph_id(n["relu"]), TagError,
-         ("relu", "ac_graph_id", "'x'"), setup=_set_meta("relu", "ac_graph_id", "x")),
-    Case("module_fqn/int", lambda gm, n: T.module_fqn(n["mm"]), TagError,
-         ("mm", "module_fqn", "3"), setup=_set_custom("mm", "module_fqn", 3)),
+    Case(
+        "custom_meta/non_dict",
+        lambda gm, n: T.custom_meta(n["relu"]),
+        TagError,
+        ("relu", "custom", "list"),
+        setup=_set_meta("relu", "custom", [1]),
+    ),
+    Case(
+        "is_must_save/int",
+        lambda gm, n: T.is_must_save(n["relu"]),
+        TagError,
+        ("relu", "ap_must_save", "bool"),
+        setup=_set_custom("relu", "ap_must_save", 1),
+    ),
+    Case(
+        "must_save_indices/negative",
+        lambda gm, n: T.must_save_indices(n["split"]),
+        TagError,
+        ("split", "negative", "-1"),
+        setup=_set_custom("split", "ap_must_save_getitem_indices", [-1]),
+    ),
+    Case(
+        "must_save_indices/str",
+        lambda gm, n: T.must_save_indices(n["split"]),
+        TagError,
+        ("split", "ap_must_save_getitem_indices", "str"),
+        setup=_set_custom("split", "ap_must_save_getitem_indices", "01"),
+    ),
+    Case(
+        "recompute_policy/int",
+        lambda gm, n: T.recompute_policy(n["relu"]),
+        TagError,
+        ("relu", "recompute", "2"),
+        setup=_set_meta("relu", "recompute", 2),
+    ),
+    Case(
+        "ac_graph_id/str",
+        lambda gm, n: T.ac_graph_id(n["relu"]),
+        TagError,
+        ("relu", "ac_graph_id", "'x'"),
+        setup=_set_meta("relu", "ac_graph_id", "x"),
+    ),
+    Case(
+        "module_fqn/int",
+        lambda gm, n: T.module_fqn(n["mm"]),
+        TagError,
+        ("mm", "module_fqn", "3"),
+        setup=_set_custom("mm", "module_fqn", 3),
+    ),
 ]
 # writers given bad values (nothing written)
 CASES += [
-    Case("mark_must_save/index=-1", lambda gm, n: T.mark_must_save(n["split"], -1), TagError,
-         ("split", "index", "-1")),
-    Case("mark_must_save/index=str", lambda gm, n: T.mark_must_save(n["split"], "0"), TagError,
-         ("split", "index", "'0'")),  # type: ignore[arg-type]
-    Case("mark_must_save/index=bool", lambda gm, n: T.mark_must_save(n["split"], True), TagError,
-         ("split", "index", "True")),
-    Case("mark_must_save/malformed_existing", lambda gm, n: T.mark_must_save(n["split"], 0),
-         TagError, ("split", "duplicate", "[1]"),
-         setup=_set_custom("split", "ap_must_save_getitem_indices", [1, 1])),
-    Case("set_recompute/policy=int", lambda gm, n: T.set_recompute(n["relu"], 2), TagError,
-         ("relu", "recompute", "CheckpointPolicy", "2")),
-    Case("set_recompute/ac_graph_id=str",
-         lambda gm, n: T.set_recompute(n["relu"], P.MUST_SAVE, "1"),  # type: ignore[arg-type]
-         TagError, ("relu", "ac_graph_id", "'1'")),
+    Case(
+        "mark_must_save/index=-1",
+        lambda gm, n: T.mark_must_save(n["split"], -1),
+        TagError,
+        ("split", "index", "-1"),
+    ),
+    Case(
+        "mark_must_save/index=str",
+        lambda gm, n: T.mark_must_save(n["split"], "0"),
+        TagError,
+        ("split", "index", "'0'"),
+    ),  # type: ignore[arg-type]
+    Case(
+        "mark_must_save/index=bool",
+        lambda gm, n: T.mark_must_save(n["split"], True),
+        TagError,
+        ("split", "index", "True"),
+    ),
+    Case(
+        "mark_must_save/malformed_existing",
+        lambda gm, n: T.mark_must_save(n["split"], 0),
+        TagError,
+        ("split", "duplicate", "[1]"),
+        setup=_set_custom("split", "ap_must_save_getitem_indices", [1, 1]),
+    ),
+    Case(
+        "set_recompute/policy=int",
+        lambda gm, n: T.set_recompute(n["relu"], 2),
+        TagError,
+        ("relu", "recompute", "CheckpointPolicy", "2"),
+    ),
+    Case(
+        "set_recompute/ac_graph_id=str",
+        lambda gm, n: T.set_recompute(n["relu"], P.MUST_SAVE, "1"),  # type: ignore[arg-type]
+        TagError,
+        ("relu", "ac_graph_id", "'1'"),
+    ),
 ]
 # options
 for value in ["yes", 1, None]:
-    CASES.append(Case(
-        f"fsdp/reshard_after_forward={value!r}",
-        lambda gm, n, v=value: T.mark_fsdp_all_gather_recomputation(gm, v),  # type: ignore[arg-type]
-        TypeError, ("reshard_after_forward", "bool", type(value).__name__)))
+    CASES.append(
+        Case(
+            f"fsdp/reshard_after_forward={value!r}",
+            lambda gm, n, v=value: T.mark_fsdp_all_gather_recomputation(gm, v),  # type: ignore[arg-type]
+            TypeError,
+            ("reshard_after_forward", "bool", type(value).__name__),
+        )
+    )
 for value in [0, -1.0, float("nan"), float("inf"), True, "big", None]:
-    CASES.append(Case(
-        f"ac_stages/stage_size_gib={value!r}",
-        lambda gm, n, v=value: T.mark_ac_stages(gm, stage_size_gib=v),  # type: ignore[arg-type]
-        ValueError, ("stage_size_gib", "'auto' or a positive finite number", repr(value))))
-    CASES.append(Case(
-        f"ac_joint_pass/stage_size_gib={value!r}",
-        lambda gm, n, v=value: T.ac_joint_pass(v),  # type: ignore[arg-type]
-        ValueError, ("stage_size_gib", repr(value))))
+    CASES.append(
+        Case(
+            f"ac_stages/stage_size_gib={value!r}",
+            lambda gm, n, v=value: T.mark_ac_stages(gm, stage_size_gib=v),  # type: ignore[arg-type]
+            ValueError,
+            ("stage_size_gib", "'auto' or a positive finite number", repr(value)),
+        )
+    )
+    CASES.append(
+        Case(
+            f"ac_joint_pass/stage_size_gib={value!r}",
+            lambda gm, n, v=value: T.ac_joint_pass(v),  # type: ignore[arg-type]
+            ValueError,
+            ("stage_size_gib", repr(value)),
+        )
+    )
 for value in [1, "yes", None]:
-    CASES.append(Case(f"preserve_meta_compiler/tag_forward={value!r}",
-                      lambda gm, n, v=value: T.preserve_meta_compiler(v),  # type: ignore[arg-type]
-                      TypeError, ("tag_forward", "bool", type(value).__name__)))
+    CASES.append(
+        Case(
+            f"preserve_meta_compiler/tag_forward={value!r}",
+            lambda gm, n, v=value: T.preserve_meta_compiler(v),  # type: ignore[arg-type]
+            TypeError,
+            ("tag_forward", "bool", type(value).__name__),
+        )
+    )
 for value in ["1", 1.0, True]:
-    CASES.append(Case(
-        f"preserve_meta_compiler/num_fwd_outputs={value!r}",
-        lambda gm, n, v=value: T.preserve_meta_compiler(True, v),  # type: ignore[arg-type]
-        TypeError, ("preserve_meta_compiler", "num_fwd_outputs", repr(value))))
-    CASES.append(Case(
-        f"tag_saved_outputs/num_fwd_outputs={value!r}",
-        lambda gm, n, v=value: T.tag_saved_outputs(gm, num_fwd_outputs=v),  # type: ignore[arg-type]
-        TypeError, ("tag_saved_outputs", "num_fwd_outputs", repr(value))))
+    CASES.append(
+        Case(
+            f"preserve_meta_compiler/num_fwd_outputs={value!r}",
+            lambda gm, n, v=value: T.preserve_meta_compiler(True, v),  # type: ignore[arg-type]
+            TypeError,
+            ("preserve_meta_compiler", "num_fwd_outputs", repr(value)),
+        )
+    )
+    CASES.append(
+        Case(
+            f"tag_saved_outputs/num_fwd_outputs={value!r}",
+            lambda gm, n, v=value: T.tag_saved_outputs(gm, num_fwd_outputs=v),  # type: ignore[arg-type]
+            TypeError,
+            ("tag_saved_outputs", "num_fwd_outputs", repr(value)),
+        )
+    )
 for value in [-1, 5]:
-    CASES.append(Case(
-        f"tag_saved_outputs/num_fwd_outputs={value}",
-        lambda gm, n, v=value: T.tag_saved_outputs(gm, num_fwd_outputs=v),
-        ValueError, ("num_fwd_outputs", str(value), "[0, 4]")))
+    CASES.append(
+        Case(
+            f"tag_saved_outputs/num_fwd_outputs={value}",
+            lambda gm, n, v=value: T.tag_saved_outputs(gm, num_fwd_outputs=v),
+            ValueError,
+            ("num_fwd_outputs", str(value), "[0, 4]"),
+        )
+    )
 for fn, call in [
-    ("mark_fsdp_all_gather_recomputation",
-     lambda gm, n: T.mark_fsdp_all_gather_recomputation(gm, reshard=True)),  # type: ignore[call-arg]
+    (
+        "mark_fsdp_all_gather_recomputation",
+        lambda gm, n: T.mark_fsdp_all_gather_recomputation(gm, reshard=True),
+    ),  # type: ignore[call-arg]
     ("mark_ac_stages", lambda gm, n: T.mark_ac_stages(gm, stage_size=1.0)),  # type: ignore[call-arg]
     ("tag_saved_outputs", lambda gm, n: T.tag_saved_outputs(gm, num_fwd=1)),  # type: ignore[call-arg]
     ("validate_tags", lambda gm, n: T.validate_tags(gm, strict=True)),  # type: ignore[call-arg]
     ("preserve_meta_compiler", lambda gm, n: T.preserve_meta_compiler(tag_fw=True)),  # type: ignore[call-arg]
-    ("annotate_module_fqns",
-     lambda gm, n: T.annotate_module_fqns(torch.nn.Linear(1, 1), root=True)),  # type: ignore[call-arg]
+    (
+        "annotate_module_fqns",
+        lambda gm, n: T.annotate_module_fqns(torch.nn.Linear(1, 1), root=True),
+    ),  # type: ignore[call-arg]
 ]:
     CASES.append(Case(f"{fn}/unknown_option", call, TypeError, ("unexpected keyword",)))
 for value in ["model", None, torch.fx.Graph()]:
-    CASES.append(Case(
-        f"annotate_module_fqns/model={type(value).__name__}",
-        lambda gm, n, v=value: T.annotate_module_fqns(v).__enter__(),  # type: ignore[arg-type]
-        TypeError, ("annotate_module_fqns", "nn.Module", type(value).__name__)))
+    CASES.append(
+        Case(
+            f"annotate_module_fqns/model={type(value).__name__}",
+            lambda gm, n, v=value: T.annotate_module_fqns(v).__enter__(),  # type: ignore[arg-type]
+            TypeError,
+            ("annotate_module_fqns", "nn.Module", type(value).__name__),
+        )
+    )
 
 # graphs that violate a pass's preconditions: malformed existing tags (refused, untouched)
 CASES += [
-    Case("ac_stages/malformed_recompute_on_candidate", lambda gm, n: T.mark_ac_stages(gm),
-         TagError, ("relu", "recompute", "2"),
-         setup=_set_meta("relu", "recompute", 2)),
-    Case("ac_stages/malformed_ac_graph_id_on_candidate", lambda gm, n: T.mark_ac_stages(gm),
-         TagError, ("mm", "ac_graph_id", "'x'"),
-         setup=_set_meta("mm", "ac_graph_id", "x")),
-    Case("tag_saved_outputs/saved_node_custom_not_dict",
-         lambda gm, n: T.tag_saved_outputs(gm, num_fwd_outputs=1), TagError,
-         ("grad_add", "custom", "str"), setup=_set_meta("grad_add", "custom", "oops")),
-    Case("tag_saved_outputs/parent_indices_malformed",
-         lambda gm, n: T.tag_saved_outputs(gm, num_fwd_outputs=1), TagError,
-         ("split", "ap_must_save_getitem_indices", "str"),
-         setup=_set_custom("split", "ap_must_save_getitem_indices", "0")),
+    Case(
+        "ac_stages/malformed_recompute_on_candidate",
+        lambda gm, n: T.mark_ac_stages(gm),
+        TagError,
+        ("relu", "recompute", "2"),
+        setup=_set_meta("relu", "recompute", 2),
+    ),
+    Case(
+        "ac_stages/malformed_ac_graph_id_on_candidate",
+        lambda gm, n: T.mark_ac_stages(gm),
+        TagError,
+        ("mm", "ac_graph_id", "'x'"),
+        setup=_set_meta("mm", "ac_graph_id", "x"),
+    ),
+    Case(
+        "tag_saved_outputs/saved_node_custom_not_dict",
+        lambda gm, n: T.tag_saved_outputs(gm, num_fwd_outputs=1),
+        TagError,
+        ("grad_add", "custom", "str"),
+        setup=_set_meta("grad_add", "custom", "oops"),
+    ),
+    Case(
+        "tag_saved_outputs/parent_indices_malformed",
+        lambda gm, n: T.tag_saved_outputs(gm, num_fwd_outputs=1),
+        TagError,
+        ("split", "ap_must_save_getitem_indices", "str"),
+        setup=_set_custom("split", "ap_must_save_getitem_indices", "0"),
+    ),
 ]
 
 
@@ -335,32 +511,67 @@ def _negative_getitem(gm: torch.fx.GraphModule, n: Nodes, mp: pytest.MonkeyPatch
 
 
 # regression: the relu output used to be stamped before the bad getitem was refused
-CASES.append(Case("tag_saved_outputs/negative_getitem_index_refused_before_writing",
-                  lambda gm, n: T.tag_saved_outputs(gm, num_fwd_outputs=1), TagError,
-                  ("getitem_1", "index -1"), setup=_negative_getitem))
+CASES.append(
+    Case(
+        "tag_saved_outputs/negative_getitem_index_refused_before_writing",
+        lambda gm, n: T.tag_saved_outputs(gm, num_fwd_outputs=1),
+        TagError,
+        ("getitem_1", "index -1"),
+        setup=_negative_getitem,
+    )
+)
 
 # unsupported torch (the internal each probe looks up is removed)
 CASES += [
-    Case("fsdp/no_CheckpointPolicy", lambda gm, n: T.mark_fsdp_all_gather_recomputation(gm),
-         UnsupportedTorchError, ("CheckpointPolicy", RANGE), setup=_no_checkpoint_policy),
-    Case("ac_stages/no_CheckpointPolicy", lambda gm, n: T.mark_ac_stages(gm),
-         UnsupportedTorchError, ("CheckpointPolicy", RANGE), setup=_no_checkpoint_policy),
-    Case("validate_tags/no_CheckpointPolicy", lambda gm, n: T.validate_tags(gm),
-         UnsupportedTorchError, ("CheckpointPolicy", RANGE), setup=_recompute_then_no_policy),
-    Case("set_recompute/no_CheckpointPolicy",
-         lambda gm, n: T.set_recompute(n["relu"], 2), UnsupportedTorchError,
-         ("CheckpointPolicy", RANGE), setup=_no_checkpoint_policy),
-    Case("fsdp/no_functional_collectives",
-         lambda gm, n: T.mark_fsdp_all_gather_recomputation(gm), UnsupportedTorchError,
-         ("_c10d_functional", RANGE), setup=_no_collectives),
-    Case("preserve_meta_compiler/no_preserve_node_meta",
-         lambda gm, n: T.preserve_meta_compiler(), UnsupportedTorchError,
-         ("torch.fx.traceback.preserve_node_meta", RANGE),
-         setup=_no_fx_traceback("preserve_node_meta")),
-    Case("annotate_module_fqns/no_annotate",
-         lambda gm, n: T.annotate_module_fqns(torch.nn.Linear(1, 1)).__enter__(),
-         UnsupportedTorchError, ("torch.fx.traceback.annotate", RANGE),
-         setup=_no_fx_traceback("annotate")),
+    Case(
+        "fsdp/no_CheckpointPolicy",
+        lambda gm, n: T.mark_fsdp_all_gather_recomputation(gm),
+        UnsupportedTorchError,
+        ("CheckpointPolicy", RANGE),
+        setup=_no_checkpoint_policy,
+    ),
+    Case(
+        "ac_stages/no_CheckpointPolicy",
+        lambda gm, n: T.mark_ac_stages(gm),
+        UnsupportedTorchError,
+        ("CheckpointPolicy", RANGE),
+        setup=_no_checkpoint_policy,
+    ),
+    Case(
+        "validate_tags/no_CheckpointPolicy",
+        lambda gm, n: T.validate_tags(gm),
+        UnsupportedTorchError,
+        ("CheckpointPolicy", RANGE),
+        setup=_recompute_then_no_policy,
+    ),
+    Case(
+        "set_recompute/no_CheckpointPolicy",
+        lambda gm, n: T.set_recompute(n["relu"], 2),
+        UnsupportedTorchError,
+        ("CheckpointPolicy", RANGE),
+        setup=_no_checkpoint_policy,
+    ),
+    Case(
+        "fsdp/no_functional_collectives",
+        lambda gm, n: T.mark_fsdp_all_gather_recomputation(gm),
+        UnsupportedTorchError,
+        ("_c10d_functional", RANGE),
+        setup=_no_collectives,
+    ),
+    Case(
+        "preserve_meta_compiler/no_preserve_node_meta",
+        lambda gm, n: T.preserve_meta_compiler(),
+        UnsupportedTorchError,
+        ("torch.fx.traceback.preserve_node_meta", RANGE),
+        setup=_no_fx_traceback("preserve_node_meta"),
+    ),
+    Case(
+        "annotate_module_fqns/no_annotate",
+        lambda gm, n: T.annotate_module_fqns(torch.nn.Linear(1, 1)).__enter__(),
+        UnsupportedTorchError,
+        ("torch.fx.traceback.annotate", RANGE),
+        setup=_no_fx_traceback("annotate"),
+    ),
 ]
 
 

@@ -25,8 +25,9 @@ aten = torch.ops.aten
 SDPA = aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
-def _graphs(*, backward: bool = True) -> tuple[torch.fx.GraphModule, dict[str, torch.fx.Node],
-                                               dict[str, object]]:
+def _graphs(
+    *, backward: bool = True
+) -> tuple[torch.fx.GraphModule, dict[str, torch.fx.Node], dict[str, object]]:
     """A backward-like graph: a recomputed SDPA (forward op) feeding a real backward op.
 
     The SDPA copy shares ``shared`` as its ``custom`` dict, as extraction leaves it."""
@@ -39,8 +40,12 @@ def _graphs(*, backward: bool = True) -> tuple[torch.fx.GraphModule, dict[str, t
     mul = g.create_node("call_function", aten.mul.Tensor, (out, grad), name="mul")
     g.output((mul, gather))
     shared: dict[str, object] = {MUST_SAVE: True, MUST_SAVE_INDICES: [1], "module_fqn": "attn"}
-    for node, tag in ((sdpa, "is_forward"), (out, "is_forward"), (gather, "is_forward"),
-                      (mul, "is_backward")):
+    for node, tag in (
+        (sdpa, "is_forward"),
+        (out, "is_forward"),
+        (gather, "is_forward"),
+        (mul, "is_backward"),
+    ):
         node.meta["partitioner_tag"] = tag
         if backward:
             node.meta["autograd_backward"] = True
@@ -93,6 +98,4 @@ def test_backward_compiler_releases_but_forward_compiler_does_not() -> None:
     assert RECOMPUTE not in n["sdpa"].meta
     gm, n, _ = _graphs()
     preserve_meta_compiler(tag_forward=True, num_fwd_outputs=2)(gm, [])
-    assert n["sdpa"].meta[RECOMPUTE] is (
-        CheckpointPolicy.MUST_SAVE
-    )
+    assert n["sdpa"].meta[RECOMPUTE] is (CheckpointPolicy.MUST_SAVE)

@@ -7,19 +7,19 @@ pre-bucketing + overlap scheduling through Inductor's ``post_grad_custom_post_pa
 """
 
 from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
-from ._sizes import MissingValueError
-from .config import BucketingConfig
-from .greedy import bucket_collectives
-from .groups import primary_fsdp_groups
-from .metrics import max_consec_compute_between_rs
-from .overlap import (
+from ._config import BucketingConfig
+from ._greedy import bucket_collectives
+from ._groups import primary_fsdp_groups
+from ._metrics import max_consec_compute_between_rs
+from ._overlap import (
     OverlapBucketingPass,
     cpu_overlap_estimators,
     cpu_runtime_estimation,
     overlap_config_patches,
 )
-from .patching import current_config, install, is_installed, patched, uninstall
-from .stats import (
+from ._patching import current_config, install, is_installed, patched, uninstall
+from ._sizes import MissingValueError
+from ._stats import (
     BucketingStats,
     add_stats_observer,
     collect_stats,

@@ -55,4 +55,3 @@ def attr(module_name: str, name: str) -> Any:
 def wait_tensor_op() -> Any:
     """The functional ``wait_tensor`` overload every bucketing predicate keys on."""
     return torch.ops._c10d_functional.wait_tensor.default
-

@@ -7,13 +7,13 @@ numerical reference; ``trace_joint`` traces a training step into a joint graph w
 metadata the pass reads.
 """
 
-from .concretize import ConcretizeReport, concretize_chunk_symbols
-from .config import ChunkConfig, ChunkReport, RegionSummary
-from .eager import EagerChunked
-from .errors import ChunkError, UnsupportedTorchError
-from .marking import mark_chunk_dim
-from .passes import chunk_pass
-from .tracing import trace_joint
+from ._concretize import ConcretizeReport, concretize_chunk_symbols
+from ._config import ChunkConfig, ChunkReport, RegionSummary
+from ._eager import EagerChunked
+from ._errors import ChunkError, UnsupportedTorchError
+from ._marking import mark_chunk_dim
+from ._passes import chunk_pass
+from ._tracing import trace_joint
 
 __version__ = "0.1.0"
 

@@ -23,7 +23,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from .errors import UnsupportedTorchError
+from ._errors import UnsupportedTorchError
 
 SUPPORTED = ">=2.13,<2.16"
 
@@ -34,8 +34,10 @@ def require_internals() -> None:
         name
         for name, ok in (
             ("ShapeEnv.var_to_hint_override", _has_hint_overrides()),
-            ("ShapeEnv.ignore_fresh_unbacked_symbols",
-             hasattr(ShapeEnv, "ignore_fresh_unbacked_symbols")),
+            (
+                "ShapeEnv.ignore_fresh_unbacked_symbols",
+                hasattr(ShapeEnv, "ignore_fresh_unbacked_symbols"),
+            ),
             ("ShapeEnv.create_unbacked_symint", hasattr(ShapeEnv, "create_unbacked_symint")),
             ("torch._dynamo.decorators.mark_unbacked", _has_mark_unbacked()),
         )

@@ -8,9 +8,8 @@ annotation, and the staged activation-checkpointing joint pass.
 
 from __future__ import annotations
 
-from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
-from .ac_stages import AcJointPass, AcStageReport, ac_joint_pass, mark_ac_stages
-from .accessors import (
+from ._ac_stages import AcJointPass, AcStageReport, ac_joint_pass, mark_ac_stages
+from ._accessors import (
     ac_graph_id,
     custom_meta,
     is_must_save,
@@ -20,10 +19,11 @@ from .accessors import (
     recompute_policy,
     set_recompute,
 )
-from .compiler import InterpretedGraph, preserve_meta_compiler
-from .errors import TagError
-from .fsdp import FsdpChain, FsdpTagReport, mark_fsdp_all_gather_recomputation
-from .keys import (
+from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
+from ._compiler import InterpretedGraph, preserve_meta_compiler
+from ._errors import TagError
+from ._fsdp import FsdpChain, FsdpTagReport, mark_fsdp_all_gather_recomputation
+from ._keys import (
     AC_GRAPH_ID,
     CHUNK_GLUE,
     CHUNK_INDEX,
@@ -36,10 +36,10 @@ from .keys import (
     PROJECT_CUSTOM_KEYS,
     RECOMPUTE,
 )
-from .module_fqns import annotate_module_fqns
-from .recomputed import release_recomputed_saves
-from .saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
-from .validate import node_tag_problems, validate_tags
+from ._module_fqns import annotate_module_fqns
+from ._recomputed import release_recomputed_saves
+from ._saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
+from ._validate import node_tag_problems, validate_tags
 
 __version__ = "0.1.0"
 

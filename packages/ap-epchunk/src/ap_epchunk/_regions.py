@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch.fx
 from ap_tags import module_fqn
-from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
+from ap_tags._keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import torch.fx.traceback as fx_traceback
 import torch.nn as nn
 
 from ._compat import require_fx_traceback
-from .keys import MODULE_FQN
+from ._keys import MODULE_FQN
 
 _MISSING = object()
 

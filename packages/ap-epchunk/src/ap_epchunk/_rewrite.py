@@ -1,4 +1,4 @@
-"""Carrying out a :class:`~ap_epchunk.plan.Plan` on a graph.
+"""Carrying out a :class:`~ap_epchunk._plan.Plan` on a graph.
 
 For every region, in graph order, each body node is rewritten *in place* as chunk 0 (renamed
 ``<orig>_chunk0``) and copied for chunks 1..N-1 right after it (``<orig>_chunk<i>``), so the
@@ -15,14 +15,15 @@ from typing import Any
 
 import torch
 import torch.fx
-from ap_tags.keys import CHUNK_GLUE, CHUNK_INDEX, CHUNK_REGION, CUSTOM, MODULE_FQN
+from ap_tags._keys import CHUNK_GLUE, CHUNK_INDEX, CHUNK_REGION, CUSTOM, MODULE_FQN
 
-from .config import ChunkReport, RegionSummary
-from .plan import Materialize, Plan, RegionPlan, is_mutating
-from .shapes import ChunkShapes, SymbolicShapes
-from .symbols import subst_scalar, subst_value
+from ._config import ChunkReport, RegionSummary
+from ._plan import Materialize, Plan, RegionPlan, is_mutating
+from ._shapes import ChunkShapes, SymbolicShapes
+from ._symbols import subst_scalar, subst_value
 
 aten = torch.ops.aten
+
 
 def sum_order(num_chunks: int) -> list[int]:
     """Order in which gradient partials are added: last chunk first.
@@ -37,8 +38,12 @@ class _Rewriter:
     """One pass over the plan; keeps the chunk copies, split pieces and full values it made."""
 
     def __init__(
-        self, graph: torch.fx.Graph, plan: Plan, shapes: ChunkShapes,
-        fqns: dict[torch.fx.Node, str], report: ChunkReport,
+        self,
+        graph: torch.fx.Graph,
+        plan: Plan,
+        shapes: ChunkShapes,
+        fqns: dict[torch.fx.Node, str],
+        report: ChunkReport,
     ) -> None:
         self.graph = graph
         self.plan = plan
@@ -67,8 +72,13 @@ class _Rewriter:
         return meta
 
     def _glue(
-        self, rp: RegionPlan, target: Any, args: tuple[Any, ...], val: Any,
-        name: str | None = None, index: int | None = None,
+        self,
+        rp: RegionPlan,
+        target: Any,
+        args: tuple[Any, ...],
+        val: Any,
+        name: str | None = None,
+        index: int | None = None,
     ) -> torch.fx.Node:
         node = self.graph.call_function(target, args)
         if name is not None:
@@ -158,7 +168,7 @@ class _Rewriter:
         for i in range(self.n):
             new_args, new_kwargs = torch.fx.node.map_arg((args, kwargs), self._mapper(rp, i))
             if chain_pos is not None and i > 0:
-                new_args = (*new_args[:chain_pos], copies[i - 1], *new_args[chain_pos + 1:])
+                new_args = (*new_args[:chain_pos], copies[i - 1], *new_args[chain_pos + 1 :])
             if i == 0:
                 node.args, node.kwargs = new_args, new_kwargs
                 node._rename(f"{self.orig[node][3]}_chunk0")
@@ -167,8 +177,12 @@ class _Rewriter:
             else:
                 with self.graph.inserting_after(prev):
                     copy = self.graph.create_node(
-                        "call_function", node.target, new_args, new_kwargs,
-                        name=f"{self.orig[node][3]}_chunk{i}", type_expr=node.type,
+                        "call_function",
+                        node.target,
+                        new_args,
+                        new_kwargs,
+                        name=f"{self.orig[node][3]}_chunk{i}",
+                        type_expr=node.type,
                     )
                 copy.meta = self._copy_meta(node, rp, i)
                 self.created.append(copy)
@@ -184,8 +198,9 @@ class _Rewriter:
         full: torch.fx.Node
         with self.graph.inserting_before(parts[-1].next):
             if m.kind == "cat":
-                full = self._glue(rp, aten.cat.default, (list(parts), m.dim), orig_val,
-                                  f"{base}_full")
+                full = self._glue(
+                    rp, aten.cat.default, (list(parts), m.dim), orig_val, f"{base}_full"
+                )
                 self.report.concatenated.append(base)
             elif m.kind in ("sum", "ssum"):
                 add = aten.add.Tensor if m.kind == "sum" else operator.add
@@ -249,7 +264,10 @@ class _Rewriter:
 
 
 def apply_plan(
-    graph: torch.fx.Graph, plan: Plan, shapes: ChunkShapes,
-    fqns: dict[torch.fx.Node, str], report: ChunkReport,
+    graph: torch.fx.Graph,
+    plan: Plan,
+    shapes: ChunkShapes,
+    fqns: dict[torch.fx.Node, str],
+    report: ChunkReport,
 ) -> None:
     _Rewriter(graph, plan, shapes, fqns, report).run()

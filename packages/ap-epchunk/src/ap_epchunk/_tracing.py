@@ -31,7 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ._compat import new_hinted_unbacked_symint, require_internals
-from .marking import chunk_dims_of
+from ._marking import chunk_dims_of
 
 
 def _install_backward_meta_hooks(outputs: Any) -> None:

@@ -119,5 +119,11 @@ def expr_of(value: Any) -> sympy.Expr | None:
     return None
 
 
-__all__ = ["free_symbols", "subst_scalar", "subst_value", "new_fake_like", "expr_of",
-           "shape_env_of"]
+__all__ = [
+    "free_symbols",
+    "subst_scalar",
+    "subst_value",
+    "new_fake_like",
+    "expr_of",
+    "shape_env_of",
+]

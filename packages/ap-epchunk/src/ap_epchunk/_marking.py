@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._compat import mark_unbacked_fn
-from .errors import ChunkError
+from ._errors import ChunkError
 
 #: Attribute on a real tensor: ``{dim: hint}`` of the chunk dims marked on it.
 CHUNK_DIMS_ATTR = "_ap_chunk_dims"

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import torch.fx
 
 from ._compat import require_internals
-from .config import ChunkConfig, ChunkReport
-from .errors import ChunkError
-from .plan import make_plan
-from .regions import find_regions, module_fqns
-from .rewrite import apply_plan
-from .shapes import build_shapes
+from ._config import ChunkConfig, ChunkReport
+from ._errors import ChunkError
+from ._plan import make_plan
+from ._regions import find_regions, module_fqns
+from ._rewrite import apply_plan
+from ._shapes import build_shapes
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,9 @@ def _chunk_pass(gm: torch.fx.GraphModule, config: ChunkConfig) -> ChunkReport:
     report.nodes_after = len(gm.graph.nodes)
     log.info(
         "chunk_pass: %d regions x %d chunks, %d -> %d nodes",
-        len(report.regions), config.num_chunks, nodes_before, report.nodes_after,
+        len(report.regions),
+        config.num_chunks,
+        nodes_before,
+        report.nodes_after,
     )
     return report

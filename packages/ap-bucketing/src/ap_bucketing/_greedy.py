@@ -30,10 +30,10 @@ import torch.fx as fx
 
 from . import _compat
 from ._checks import require_callable, require_cap_mb, require_graph_module
+from ._config import BucketingConfig
 from ._reach import BucketReach
 from ._sizes import collective_bytes
-from .config import BucketingConfig
-from .stats import BucketingStats, StatsObserver, publish
+from ._stats import BucketingStats, StatsObserver, publish
 
 log = logging.getLogger(__name__)
 

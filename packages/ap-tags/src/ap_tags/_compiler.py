@@ -25,8 +25,8 @@ import torch.fx.traceback as fx_traceback
 
 from ._args import check_num_fwd_outputs, require_graph_module
 from ._compat import require_fx_traceback
-from .recomputed import release_recomputed_saves
-from .saved import SavedOutputsReport, tag_saved_outputs
+from ._recomputed import release_recomputed_saves
+from ._saved import SavedOutputsReport, tag_saved_outputs
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Why: the joint graph is partitioned twice (first compilation, then the user's
 matmuls in the backward, which needs the unsharded weights, and ``force_save_collectives`` then
 pins those all-gather outputs as saved. The first compilation already stamped what it saved
 (``custom["ap_must_save"]``, carried through the retrace), so this partitioner saves exactly
-that: torch's prologue, the rules in :mod:`ap_partitioner.rules`, torch's extraction and
+that: torch's prologue, the rules in :mod:`ap_partitioner._rules`, torch's extraction and
 epilogue. A replay that does not cut the new graph falls back to min-cut (or raises when
 ``strict``), never crashing training silently.
 """
@@ -26,8 +26,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ap_partitioner import _compat
-from ap_partitioner._gcpause import paused_gc
-from ap_partitioner.args import (
+from ap_partitioner._args import (
     check_bool,
     check_call,
     check_callback,
@@ -37,21 +36,22 @@ from ap_partitioner.args import (
     sanitize_tags,
     working_copy,
 )
-from ap_partitioner.cut import blocked_by_recompute_tag, missing_values
-from ap_partitioner.dce import wait_tensor_dce
-from ap_partitioner.prologue import (
+from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
+from ap_partitioner._dce import wait_tensor_dce
+from ap_partitioner._gcpause import paused_gc
+from ap_partitioner._prologue import (
     Prologue,
     run_epilogue,
     run_prologue,
     save_effectful_instead_of_recompute,
 )
-from ap_partitioner.report import (
+from ap_partitioner._report import (
     PartitionReport,
     ReportCallback,
     build_report,
     emit,
 )
-from ap_partitioner.rules import SavePlan, plan_saves
+from ap_partitioner._rules import SavePlan, plan_saves
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def source_hash() -> str:
 
 
 class SaveAllPartitioner(CustomPartitionerFn):
-    """Save exactly the tagged values (see :mod:`ap_partitioner.rules`); set it as
+    """Save exactly the tagged values (see :mod:`ap_partitioner._rules`); set it as
     ``torch._inductor.config.custom_partitioner_fn`` or pass it as an AOT ``partition_fn``.
 
     Options: ``strict`` raises :class:`ReplayError` instead of falling back to min-cut on an
@@ -150,11 +150,14 @@ class SaveAllPartitioner(CustomPartitionerFn):
             clean = working_copy(gm)
             sanitize_tags(clean, exc.problems)
             reason = f"malformed tags: {exc}"
-            return self._fallback(clean, joint_inputs, num_fwd_outputs, static, compiler,
-                                  reason, [], ())
+            return self._fallback(
+                clean, joint_inputs, num_fwd_outputs, static, compiler, reason, [], ()
+            )
         # the replay works on a copy: a refusal leaves the caller's graph exactly as it was
         pro = run_prologue(gm, num_fwd_outputs)
-        notes = tuple(f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged)
+        notes = tuple(
+            f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged
+        )
         info = mod.classify_nodes(pro.module, static, num_fwd_outputs)
         if len(info.required_bw_nodes) == 0:
             fw, bw = mod.default_partition(
@@ -170,14 +173,31 @@ class SaveAllPartitioner(CustomPartitionerFn):
         missing = missing_values(pro.module, plan, num_fwd_outputs)
         if missing:
             reason = self._missing_reason(pro.module, missing)
-            return self._fallback(working_copy(gm), joint_inputs, num_fwd_outputs, static,
-                                  compiler, reason, missing, notes)
+            return self._fallback(
+                working_copy(gm),
+                joint_inputs,
+                num_fwd_outputs,
+                static,
+                compiler,
+                reason,
+                missing,
+                notes,
+            )
         try:
             fw, bw = self._extract(pro, plan, info, num_fwd_outputs)
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
-            return self._fallback(working_copy(gm), joint_inputs, num_fwd_outputs, static,
-                                  compiler, reason, [], notes, cause=exc)
+            return self._fallback(
+                working_copy(gm),
+                joint_inputs,
+                num_fwd_outputs,
+                static,
+                compiler,
+                reason,
+                [],
+                notes,
+                cause=exc,
+            )
         return fw, bw, {"notes": notes}
 
     @staticmethod
@@ -223,7 +243,10 @@ class SaveAllPartitioner(CustomPartitionerFn):
         save_effectful_instead_of_recompute(joint.graph)  # min-cut on 2.15 would raise
         released = release_unsatisfiable_recompute(joint, missing)
         if released:
-            notes = (*notes, f"MUST_RECOMPUTE dropped for the min-cut fallback: {', '.join(released)}")
+            notes = (
+                *notes,
+                f"MUST_RECOMPUTE dropped for the min-cut fallback: {', '.join(released)}",
+            )
         fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
             joint,
             joint_inputs,

@@ -30,9 +30,9 @@ import torch.fx as fx
 from torch.utils._ordered_set import OrderedSet
 
 from . import _compat
-from .config import BucketingConfig
-from .greedy import bucket_collectives
-from .groups import all_fsdp_groups, primary_fsdp_groups
+from ._config import BucketingConfig
+from ._greedy import bucket_collectives
+from ._groups import all_fsdp_groups, primary_fsdp_groups
 
 log = logging.getLogger(__name__)
 

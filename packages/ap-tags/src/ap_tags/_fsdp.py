@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from ._accessors import set_recompute
 from ._args import as_graph
 from ._compat import checkpoint_policy, functional_collective_ops
-from .accessors import set_recompute
-from .keys import FSDP_AC_GRAPH_ID
+from ._keys import FSDP_AC_GRAPH_ID
 
 log = logging.getLogger(__name__)
 

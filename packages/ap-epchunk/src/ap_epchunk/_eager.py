@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ChunkError
+from ._errors import ChunkError
 
 
 def _cat(outputs: list[Any], dim: int) -> Any:
@@ -35,7 +35,9 @@ class EagerChunked(nn.Module):
     def __init__(self, module: nn.Module, dim: int, num_chunks: int) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
-            raise TypeError(f"EagerChunked: module must be an nn.Module, got {type(module).__name__}")
+            raise TypeError(
+                f"EagerChunked: module must be an nn.Module, got {type(module).__name__}"
+            )
         if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 2:
             raise ValueError(f"EagerChunked: num_chunks must be an int >= 2, got {num_chunks!r}")
         if isinstance(dim, bool) or not isinstance(dim, int):

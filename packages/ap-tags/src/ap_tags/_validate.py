@@ -12,11 +12,11 @@ from typing import Any
 
 import torch.fx
 
+from ._accessors import _indices_problem, _is_int
 from ._args import as_graph, require_node
 from ._compat import checkpoint_policy
-from .accessors import _indices_problem, _is_int
-from .errors import TagError
-from .keys import (
+from ._errors import TagError
+from ._keys import (
     AC_GRAPH_ID,
     CHUNK_GLUE,
     CHUNK_INDEX,

@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch._logging import trace_structured  # type: ignore[attr-defined]
 
 from ap_partitioner import _compat
-from ap_partitioner.args import check_node
+from ap_partitioner._args import check_node
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,23 @@ def _nbytes(node: fx.Node) -> int:
         return 0
 
 
-_VIEW_LIKE = ("view", "reshape", "_unsafe_view", "t", "transpose", "permute", "slice", "alias",
-              "expand", "squeeze", "unsqueeze", "as_strided", "select", "split", "chunk")
+_VIEW_LIKE = (
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "permute",
+    "slice",
+    "alias",
+    "expand",
+    "squeeze",
+    "unsqueeze",
+    "as_strided",
+    "select",
+    "split",
+    "chunk",
+)
 
 
 def _is_view_like(node: fx.Node) -> bool:

@@ -26,10 +26,10 @@ from typing import Any, Literal
 import torch
 import torch.fx
 
+from ._accessors import ac_graph_id, recompute_policy, set_recompute
 from ._args import as_graph
 from ._compat import checkpoint_policy
-from .accessors import ac_graph_id, recompute_policy, set_recompute
-from .keys import FSDP_AC_GRAPH_ID
+from ._keys import FSDP_AC_GRAPH_ID
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.functions import FloorDiv
 
 from ._compat import optimization_hint, shape_env_of
-from .errors import ChunkError
-from .symbols import subst_value
+from ._errors import ChunkError
+from ._symbols import subst_value
 
 aten = torch.ops.aten
 
@@ -107,7 +107,9 @@ class SymbolicShapes(ChunkShapes):
 
     def scalar_carries_chunk(self, node: torch.fx.Node) -> bool:
         val = node.meta.get("val")
-        return isinstance(val, torch.SymInt) and bool(val.node.expr.free_symbols & self.hints.keys())
+        return isinstance(val, torch.SymInt) and bool(
+            val.node.expr.free_symbols & self.hints.keys()
+        )
 
     def symbol_hints(self) -> dict[sympy.Symbol, int]:
         return dict(self.hints)
@@ -129,8 +131,8 @@ def find_chunk_symbols(graph: torch.fx.Graph, num_chunks: int) -> dict[sympy.Sym
                 continue
             if hint % num_chunks:
                 raise ChunkError(
-                    f"chunk extent {sym} has hint {hint}, not divisible by num_chunks="
-                    f"{num_chunks}", node,
+                    f"chunk extent {sym} has hint {hint}, not divisible by num_chunks={num_chunks}",
+                    node,
                 )
             hints[sym] = hint
     return hints
@@ -170,13 +172,15 @@ class StaticShapes(ChunkShapes):
             if val.shape[d] % num_chunks:
                 raise ChunkError(
                     f"chunk extent {val.shape[d]} (dim {d}) is not divisible by "
-                    f"num_chunks={num_chunks}", src,
+                    f"num_chunks={num_chunks}",
+                    src,
                 )
             if val.shape[d] // num_chunks < 2:
                 raise ChunkError(
                     f"chunks of {val.shape[d] // num_chunks} token along dim {d} cannot be told "
                     "apart from broadcasting in a static-size graph; use at least 2 tokens per "
-                    "chunk, or an unbacked chunk dim", src,
+                    "chunk, or an unbacked chunk dim",
+                    src,
                 )
             shape = list(val.shape)
             shape[d] //= num_chunks
@@ -223,9 +227,7 @@ class StaticShapes(ChunkShapes):
     def _val(self, n: torch.fx.Node) -> Any:
         return self.probe[n] if n in self.probe else n.meta.get("val")
 
-    def _rewrite_shapes(
-        self, node: torch.fx.Node
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _rewrite_shapes(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
         args, kwargs = tuple(node.args), dict(node.kwargs)
         if node.target not in _VIEW_OPS and node.target is not aten.expand.default:
             return self._rewrite_template_sizes(node, args, kwargs)
@@ -245,7 +247,9 @@ class StaticShapes(ChunkShapes):
         if node.target is aten.expand.default:
             d: int | None = c + len(out_shape) - self._val(src).dim()
         else:
-            d = _view_out_dim([int(s) for s in src.meta["val"].shape], c, out_shape, self.num_chunks)
+            d = _view_out_dim(
+                [int(s) for s in src.meta["val"].shape], c, out_shape, self.num_chunks
+            )
         if d is None:
             raise ChunkError(f"cannot carry chunk dim {c} through this view", node)
         if sizes[d] != -1:
@@ -269,8 +273,12 @@ class StaticShapes(ChunkShapes):
             if i == 0 or str(arg.type) not in ("List[int]", "SymInt[]", "int[]"):
                 continue
             sizes = args[i]
-            if (isinstance(sizes, (list, tuple)) and len(sizes) == full.dim()
-                    and all(isinstance(s, int) for s in sizes) and sizes[c] == full.shape[c]):
+            if (
+                isinstance(sizes, (list, tuple))
+                and len(sizes) == full.dim()
+                and all(isinstance(s, int) for s in sizes)
+                and sizes[c] == full.shape[c]
+            ):
                 new_sizes = list(sizes)
                 new_sizes[c] = int(full.shape[c]) // self.num_chunks
                 new_args[i] = new_sizes

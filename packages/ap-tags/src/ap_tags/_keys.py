@@ -35,4 +35,11 @@ CHUNK_REGION: Final = "ap_chunk_region"
 CHUNK_GLUE: Final = "ap_chunk_glue"
 
 #: Every ``custom`` key the project owns; ``validate_tags`` checks these.
-PROJECT_CUSTOM_KEYS: Final = (MUST_SAVE, MUST_SAVE_INDICES, MODULE_FQN, CHUNK_INDEX, CHUNK_REGION, CHUNK_GLUE)
+PROJECT_CUSTOM_KEYS: Final = (
+    MUST_SAVE,
+    MUST_SAVE_INDICES,
+    MODULE_FQN,
+    CHUNK_INDEX,
+    CHUNK_REGION,
+    CHUNK_GLUE,
+)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ap_partitioner import _compat
-from ap_partitioner.rules import SavePlan, is_must_recompute
+from ap_partitioner._rules import SavePlan, is_must_recompute
 
 
 def _backward_inputs(joint: fx.Graph, plan: SavePlan) -> set[fx.Node]:
@@ -66,7 +66,9 @@ def missing_values(joint_module: fx.GraphModule, plan: SavePlan, num_fwd_outputs
         else:
             available[node] = all(available.get(i, False) for i in node.all_input_nodes)
 
-    _, bwd_outputs, _, _ = mod._extract_fwd_bwd_outputs(joint_module, num_fwd_outputs=num_fwd_outputs)
+    _, bwd_outputs, _, _ = mod._extract_fwd_bwd_outputs(
+        joint_module, num_fwd_outputs=num_fwd_outputs
+    )
     roots: dict[str, None] = {}
     seen: set[fx.Node] = set()
     stack = [o for o in bwd_outputs if isinstance(o, fx.Node) and not available.get(o, False)]
@@ -76,7 +78,9 @@ def missing_values(joint_module: fx.GraphModule, plan: SavePlan, num_fwd_outputs
             continue
         seen.add(node)
         blocked = [i for i in node.all_input_nodes if not available.get(i, False)]
-        if (node not in backward_side and _unrecomputable(node)) or (not blocked and not available.get(node, False)):
+        if (node not in backward_side and _unrecomputable(node)) or (
+            not blocked and not available.get(node, False)
+        ):
             roots[node.name] = None
         stack.extend(blocked)
     order = {n.name: i for i, n in enumerate(graph.nodes)}

@@ -31,7 +31,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
-from ap_partitioner.args import check_nodes
+from ap_partitioner._args import check_nodes
 
 
 def policy(node: fx.Node) -> CheckpointPolicy | None:

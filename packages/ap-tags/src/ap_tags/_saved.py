@@ -16,11 +16,11 @@ from typing import Literal
 
 import torch.fx
 
+from ._accessors import _indices_problem, _is_int, custom_meta, mark_must_save
 from ._args import check_num_fwd_outputs, require_graph_module
 from ._compat import saved_output_descriptor_types
-from .accessors import _indices_problem, _is_int, custom_meta, mark_must_save
-from .errors import TagError
-from .keys import MUST_SAVE_INDICES
+from ._errors import TagError
+from ._keys import MUST_SAVE_INDICES
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,9 @@ def check_count(owner: str, arg: str, value: object) -> int:
 
 def check_nodes(owner: str, arg: str, value: object) -> list[fx.Node]:
     if not isinstance(value, Iterable) or isinstance(value, (str, bytes)):
-        raise TypeError(f"{owner}: {arg!r} must be an iterable of torch.fx.Node, got {_kind(value)}")
+        raise TypeError(
+            f"{owner}: {arg!r} must be an iterable of torch.fx.Node, got {_kind(value)}"
+        )
     nodes = list(value)
     bad = [n for n in nodes if not isinstance(n, fx.Node)]
     if bad:
@@ -77,7 +79,9 @@ def check_call(
     """
     module = check_module(owner, "gm", gm)
     if not isinstance(joint_inputs, Sequence) or isinstance(joint_inputs, (str, bytes)):
-        raise TypeError(f"{owner}: 'joint_inputs' must be a list or tuple, got {_kind(joint_inputs)}")
+        raise TypeError(
+            f"{owner}: 'joint_inputs' must be a list or tuple, got {_kind(joint_inputs)}"
+        )
     if "num_fwd_outputs" not in kwargs:
         raise TypeError(f"{owner}: call is missing the required keyword 'num_fwd_outputs'")
     num_fwd_outputs = check_count(owner, "num_fwd_outputs", kwargs.pop("num_fwd_outputs"))
@@ -90,9 +94,8 @@ def check_call(
     static = kwargs.pop("static_lifetime_input_indices", None)
     if static is None:
         static = []
-    if (
-        not isinstance(static, (list, tuple))
-        or any(isinstance(i, bool) or not isinstance(i, int) for i in static)
+    if not isinstance(static, (list, tuple)) or any(
+        isinstance(i, bool) or not isinstance(i, int) for i in static
     ):
         raise TypeError(
             f"{owner}: 'static_lifetime_input_indices' must be a list of ints, got {static!r}"

@@ -29,9 +29,9 @@ import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
 
-from .errors import ChunkError
-from .regions import Region
-from .shapes import MULTI, ChunkShapes, Unknown
+from ._errors import ChunkError
+from ._regions import Region
+from ._shapes import MULTI, ChunkShapes, Unknown
 
 aten = torch.ops.aten
 _c10d = getattr(torch.ops, "_c10d_functional", None)
@@ -123,9 +123,7 @@ def _routable(value: torch.fx.Node, src: RegionPlan, dst: RegionPlan, shapes: Ch
     return src.root == dst.root and not src.backward and dst.backward
 
 
-def _plan_body(
-    region: Region, plan: Plan, shapes: ChunkShapes
-) -> RegionPlan:
+def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
     rp = RegionPlan(region.root, region.backward)
     body: set[torch.fx.Node] = set()
     for node in region.candidates:
@@ -174,9 +172,12 @@ def _plan_body(
             plan.owner[node] = rp
     for node in rp.body:
         shared = [
-            i for i in _mutated_positions(node)
-            if i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
-            and node.args[i] not in body and node.args[i] not in plan.split_dim
+            i
+            for i in _mutated_positions(node)
+            if i < len(node.args)
+            and isinstance(node.args[i], torch.fx.Node)
+            and node.args[i] not in body
+            and node.args[i] not in plan.split_dim
             and node.args[i] not in rp.routed
         ]
         if len(shared) > 1:
@@ -204,13 +205,25 @@ def _check_body_node(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> Non
 
 
 _SUM_TRANSPARENT: set[Any] = {
-    aten.t.default, aten.transpose.int, aten.permute.default, aten.view.default,
-    aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.unsqueeze.default,
-    aten.alias.default, aten.clone.default, aten.detach.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.squeeze.dim,
+    aten.unsqueeze.default,
+    aten.alias.default,
+    aten.clone.default,
+    aten.detach.default,
 }
 _CAT_TRANSPARENT: set[Any] = {
-    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default,
-    aten.clone.default, aten.detach.default,
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.alias.default,
+    aten.clone.default,
+    aten.detach.default,
 }
 _CAT_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 if _c10d is not None:
@@ -270,7 +283,8 @@ def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool
     for node in rp.body:
         users = list(node.users)
         full = [
-            u for u in users
+            u
+            for u in users
             if not (plan.owner.get(u) is rp or (u in plan.owner and node in plan.owner[u].routed))
         ]
         if not full:
@@ -317,9 +331,7 @@ def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool
         )
 
 
-def make_plan(
-    regions: list[Region], shapes: ChunkShapes, early_grad_accumulation: bool
-) -> Plan:
+def make_plan(regions: list[Region], shapes: ChunkShapes, early_grad_accumulation: bool) -> Plan:
     plan = Plan([], {}, {}, set())
     for region in regions:
         rp = _plan_body(region, plan, shapes)
@@ -343,5 +355,3 @@ def make_plan(
                     )
         _plan_live_outs(rp, plan, shapes, early_grad_accumulation)
     return plan
-
-

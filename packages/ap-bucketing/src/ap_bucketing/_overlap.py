@@ -28,11 +28,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _compat
 from ._checks import require_bool
+from ._config import BucketingConfig
+from ._metrics import max_consec_compute_between_rs
+from ._patching import patched
 from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
-from .config import BucketingConfig
-from .metrics import max_consec_compute_between_rs
-from .patching import patched
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import torch.fx
 
 from ._args import require_node
 from ._compat import checkpoint_policy
-from .errors import TagError
-from .keys import (
+from ._errors import TagError
+from ._keys import (
     AC_GRAPH_ID,
     CUSTOM,
     FSDP_AC_GRAPH_ID,
@@ -135,9 +135,7 @@ def ac_graph_id(node: torch.fx.Node) -> int | None:
     return value
 
 
-def set_recompute(
-    node: torch.fx.Node, policy: Any, ac_graph_id: int = FSDP_AC_GRAPH_ID
-) -> None:
+def set_recompute(node: torch.fx.Node, policy: Any, ac_graph_id: int = FSDP_AC_GRAPH_ID) -> None:
     """Write torch's ``recompute`` policy and ``ac_graph_id`` together, as torch's SAC does.
 
     Both keys are in ``torch.fx.proxy._COPY_META_FIELDS``, so they survive a retrace under

@@ -26,7 +26,7 @@ from torch._functorch import config as functorch_config
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
-from ap_partitioner.args import working_copy
+from ap_partitioner._args import working_copy
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,7 @@ def effectful_recompute_nodes(graph: fx.Graph) -> list[fx.Node]:
     return [
         n
         for n in graph.nodes
-        if _compat.is_with_effects(n)
-        and not mod._has_tag_is_backward(n)
-        and mod.must_recompute(n)
+        if _compat.is_with_effects(n) and not mod._has_tag_is_backward(n) and mod.must_recompute(n)
     ]
 
 

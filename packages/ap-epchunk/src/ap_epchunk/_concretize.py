@@ -28,20 +28,41 @@ import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
 
-from .errors import ChunkError
-from .passes import CHUNK_SYMBOLS_META, gc_paused
-from .shapes import find_chunk_symbols
-from .symbols import free_symbols, subst_value
+from ._errors import ChunkError
+from ._passes import CHUNK_SYMBOLS_META, gc_paused
+from ._shapes import find_chunk_symbols
+from ._symbols import free_symbols, subst_value
 
 aten = torch.ops.aten
 
 _PURE_SCALAR_OPS: set[Any] = {
-    aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
+    aten.sym_size.int,
+    aten.sym_stride.int,
+    aten.sym_numel.default,
     aten.sym_storage_offset.default,
-    operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
-    operator.mod, operator.neg, operator.pow, operator.eq, operator.ne, operator.lt,
-    operator.le, operator.gt, operator.ge, operator.and_, operator.or_, operator.not_,
-    torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_ite, torch.sym_float, torch.sym_int,
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.truediv,
+    operator.mod,
+    operator.neg,
+    operator.pow,
+    operator.eq,
+    operator.ne,
+    operator.lt,
+    operator.le,
+    operator.gt,
+    operator.ge,
+    operator.and_,
+    operator.or_,
+    operator.not_,
+    torch.sym_max,
+    torch.sym_min,
+    torch.sym_not,
+    torch.sym_ite,
+    torch.sym_float,
+    torch.sym_int,
 }
 _ASSERTS: set[Any] = {aten._assert_scalar.default}
 
@@ -86,7 +107,8 @@ class _Substitution:
     def mapping(self, value: Any) -> dict[sympy.Symbol, sympy.Expr]:
         return {
             s: sympy.Integer(self.hints[s.name])
-            for s in free_symbols(value) if s.name in self.hints
+            for s in free_symbols(value)
+            if s.name in self.hints
         }
 
     def touches(self, value: Any) -> bool:
@@ -144,7 +166,11 @@ def _concretize_graph(gm: torch.fx.GraphModule, sub: _Substitution, rep: Concret
                 new = subst_value(value, mapping, sub.cache)
                 node.meta[key] = new
                 touched.add(node)
-                if node.op == "call_function" and node.target in _PURE_SCALAR_OPS and _concrete(new):
+                if (
+                    node.op == "call_function"
+                    and node.target in _PURE_SCALAR_OPS
+                    and _concrete(new)
+                ):
                     constants[node] = new
     for node, const in constants.items():
         for user in list(node.users):
@@ -224,8 +250,9 @@ def _concretize(
         _concretize_graph(mod, sub, rep)
     rep.graphs = len(modules)
     if isinstance(example_inputs, list):
-        example_inputs[:] = [sub.apply(v) if isinstance(v, torch.Tensor) else v
-                             for v in example_inputs]
+        example_inputs[:] = [
+            sub.apply(v) if isinstance(v, torch.Tensor) else v for v in example_inputs
+        ]
     left = {mod: _leftovers(mod, sub) for mod in modules}
     bad = [name for names in left.values() for name in names]
     if bad:

@@ -24,7 +24,7 @@ import torch.fx
 
 from ._args import require_graph_module
 from ._compat import checkpoint_policy
-from .keys import CUSTOM, MUST_SAVE, MUST_SAVE_INDICES, RECOMPUTE
+from ._keys import CUSTOM, MUST_SAVE, MUST_SAVE_INDICES, RECOMPUTE
 
 log = logging.getLogger(__name__)
 
