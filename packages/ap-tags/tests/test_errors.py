@@ -129,7 +129,7 @@ def _no_collectives(gm: torch.fx.GraphModule, n: Nodes, mp: pytest.MonkeyPatch) 
     mp.setattr(torch.ops, "_c10d_functional", _NoCollectives())
 
 
-RANGE = ">=2.13,<2.16"
+RANGE = ", ".join(T.TESTED_TORCH)
 GRAPH_ARG = "must be a torch.fx.Graph or torch.fx.GraphModule"
 BAD_GRAPHS: list[object] = ["graph", None, 3, torch.nn.Linear(2, 2)]
 

@@ -44,7 +44,7 @@ def _graphs(
         (sdpa, "is_forward"),
         (out, "is_forward"),
         (gather, "is_forward"),
-        (mul, "is_backward"),
+        (mul, "is_backward" if backward else "is_forward"),
     ):
         node.meta["partitioner_tag"] = tag
         if backward:

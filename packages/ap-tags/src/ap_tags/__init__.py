@@ -4,10 +4,21 @@ Every key the ap packages write or read, typed accessors for them, a validator, 
 that write them: saved-output tagging for the first compilation, the meta-preserving fw/bw
 compiler that carries tags into the second, FSDP all-gather chain tagging, module-FQN
 annotation, and the staged activation-checkpointing joint pass.
+
+Public submodules shared by every ap package that depends on ap-tags:
+
+* :mod:`ap_tags.graph` -- the graph vocabulary (collective kinds, waits, storage, direction,
+  sizes), each predicate defined once;
+* :mod:`ap_tags.checks` -- argument checks (``TypeError`` for a wrong type, ``ValueError`` for a
+  wrong value, both naming the entry point and the argument);
+* :mod:`ap_tags.scoped` -- scoped, nestable, thread-safe process-wide patches;
+* :mod:`ap_tags.torch_support` -- the torch-compatibility convention (tested versions,
+  ``UnsupportedTorchError``).
 """
 
 from __future__ import annotations
 
+from . import checks, graph, scoped, torch_support
 from ._ac_stages import AcJointPass, AcStageReport, ac_joint_pass, mark_ac_stages
 from ._accessors import (
     ac_graph_id,
@@ -19,7 +30,7 @@ from ._accessors import (
     recompute_policy,
     set_recompute,
 )
-from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
+from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._compiler import InterpretedGraph, preserve_meta_compiler
 from ._errors import TagError
 from ._fsdp import FsdpChain, FsdpTagReport, mark_fsdp_all_gather_recomputation
@@ -55,7 +66,7 @@ __all__ = [
     "MUST_SAVE_INDICES",
     "PROJECT_CUSTOM_KEYS",
     "RECOMPUTE",
-    "SUPPORTED_TORCH",
+    "TESTED_TORCH",
     "AcJointPass",
     "AcStageReport",
     "FsdpChain",
@@ -67,6 +78,10 @@ __all__ = [
     "__version__",
     "ac_graph_id",
     "ac_joint_pass",
+    "checks",
+    "graph",
+    "scoped",
+    "torch_support",
     "annotate_module_fqns",
     "custom_meta",
     "infer_num_fwd_outputs",

@@ -27,14 +27,14 @@ import torch
 import torch.fx
 
 from ._accessors import ac_graph_id, recompute_policy, set_recompute
-from ._args import as_graph
 from ._compat import checkpoint_policy
 from ._keys import FSDP_AC_GRAPH_ID
+from .checks import require_graph
+from .graph import backward_nodes, is_collective, is_wait, node_nbytes
 
 log = logging.getLogger(__name__)
 
 _GIB = 1 << 30
-_BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
 
 StageSize = float | Literal["auto"]
 
@@ -66,45 +66,6 @@ def _check_stage_size(stage_size_gib: object) -> StageSize:
     return float(stage_size_gib)
 
 
-def _hint(value: object) -> int:
-    if isinstance(value, int):
-        return value
-    if isinstance(value, torch.SymInt):
-        from torch.fx.experimental.symbolic_shapes import optimization_hint
-
-        return int(optimization_hint(value, fallback=0))
-    return 0
-
-
-def value_bytes(node: torch.fx.Node) -> int:
-    """Bytes of the tensor ``node`` produces (0 for tuples, symbols and non-tensors: a tuple's
-    tensors are counted on its getitems)."""
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return 0
-    return _hint(val.numel()) * val.element_size()
-
-
-def backward_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Tangent placeholders, backward-tagged nodes, and everything computed from them."""
-    seeds = [
-        n
-        for n in graph.nodes
-        if (n.op == "placeholder" and "tangents" in str(n.target))
-        or n.meta.get("partitioner_tag") in _BACKWARD_TAGS
-        or n.meta.get("autograd_backward", False)
-    ]
-    seen: set[torch.fx.Node] = set()
-    stack = list(seeds)
-    while stack:
-        n = stack.pop()
-        if n in seen or n.op == "output":
-            continue
-        seen.add(n)
-        stack.extend(n.users)
-    return seen
-
-
 def _ancestors(nodes: Iterable[torch.fx.Node]) -> set[torch.fx.Node]:
     seen: set[torch.fx.Node] = set()
     stack = [i for n in nodes for i in n.all_input_nodes]
@@ -123,9 +84,9 @@ def recomputable_forward_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n not in bw and n in needed]
 
 
-def _is_collective(node: torch.fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.namespace == "_c10d_functional"
+def _is_functional_collective(node: torch.fx.Node) -> bool:
+    """Collectives and their waits: neither is ever tagged for recomputation here."""
+    return is_collective(node) or is_wait(node)
 
 
 def _stage_cuts(sizes: list[int], stage_bytes: int) -> list[tuple[int, int]]:
@@ -150,7 +111,7 @@ def mark_ac_stages(
     Refuses (ValueError / TagError) before writing anything when ``stage_size_gib`` is invalid
     or an existing ``recompute``/``ac_graph_id`` tag is malformed.
     """
-    g = as_graph(graph, "mark_ac_stages")
+    g = require_graph(graph, where="mark_ac_stages")
     size_opt = _check_stage_size(stage_size_gib)
     policy = checkpoint_policy()
     order = {n: i for i, n in enumerate(g.nodes)}
@@ -164,16 +125,20 @@ def mark_ac_stages(
     to_prefer = [
         n
         for n in candidates
-        if existing[n][0] is None and n.target is not operator.getitem and not _is_collective(n)
+        if existing[n][0] is None
+        and n.target is not operator.getitem
+        and not _is_functional_collective(n)
     ]
     # Values the pass may save: everything but forced recomputes, user regions and collectives
     # (torch pins the latter itself).
     savable = [
         n
         for n in candidates
-        if existing[n][0] is not policy.MUST_RECOMPUTE and not is_user(n) and not _is_collective(n)
+        if existing[n][0] is not policy.MUST_RECOMPUTE
+        and not is_user(n)
+        and not _is_functional_collective(n)
     ]
-    sizes = [value_bytes(n) for n in savable]
+    sizes = [node_nbytes(n) for n in savable]
     total = sum(sizes)
     if size_opt == "auto":
         stage_bytes = max(1, int(math.sqrt(total / _GIB) * _GIB)) if total else 0

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch.fx
 
-from ._args import require_node
 from ._compat import checkpoint_policy
 from ._errors import TagError
 from ._keys import (
@@ -24,6 +23,7 @@ from ._keys import (
     MUST_SAVE_INDICES,
     RECOMPUTE,
 )
+from .checks import require_node
 
 
 def _is_int(value: object) -> bool:
@@ -33,7 +33,7 @@ def _is_int(value: object) -> bool:
 
 def custom_meta(node: torch.fx.Node, *, create: bool = False) -> dict[str, Any] | None:
     """``node.meta["custom"]`` (created when ``create``); TagError if it is not a dict."""
-    require_node(node, "custom_meta")
+    require_node(node, where="custom_meta")
     custom = node.meta.get(CUSTOM)
     if custom is None:
         if not create:
@@ -52,7 +52,7 @@ def mark_must_save(node: torch.fx.Node, index: int | None = None) -> None:
     the parent is stamped too (a retrace re-creates getitems that inherit the parent's meta, so
     the parent is where the decision survives) and the index is appended once, keeping order.
     """
-    require_node(node, "mark_must_save")
+    require_node(node, where="mark_must_save")
     if index is not None and (not _is_int(index) or index < 0):
         raise TagError({node.name: [f"getitem index must be a non-negative int, got {index!r}"]})
     custom = custom_meta(node, create=True)
@@ -72,7 +72,7 @@ def mark_must_save(node: torch.fx.Node, index: int | None = None) -> None:
 
 def is_must_save(node: torch.fx.Node) -> bool:
     """True when the first partition saved this node's value (``custom["ap_must_save"]``)."""
-    require_node(node, "is_must_save")
+    require_node(node, where="is_must_save")
     custom = custom_meta(node)
     if custom is None or MUST_SAVE not in custom:
         return False
@@ -84,7 +84,7 @@ def is_must_save(node: torch.fx.Node) -> bool:
 
 def must_save_indices(node: torch.fx.Node) -> tuple[int, ...]:
     """The saved getitem indices of a multi-output node, in output order (empty if none)."""
-    require_node(node, "must_save_indices")
+    require_node(node, where="must_save_indices")
     custom = custom_meta(node)
     if custom is None or MUST_SAVE_INDICES not in custom:
         return ()
@@ -113,7 +113,7 @@ def _indices_problem(value: object) -> str | None:
 
 def recompute_policy(node: torch.fx.Node) -> Any:
     """``meta["recompute"]`` as a ``torch.utils.checkpoint.CheckpointPolicy``, or None."""
-    require_node(node, "recompute_policy")
+    require_node(node, where="recompute_policy")
     value = node.meta.get(RECOMPUTE)
     if value is None:
         return None
@@ -125,7 +125,7 @@ def recompute_policy(node: torch.fx.Node) -> Any:
 
 def ac_graph_id(node: torch.fx.Node) -> int | None:
     """``meta["ac_graph_id"]`` (the AC region id), or None when unset."""
-    require_node(node, "ac_graph_id")
+    require_node(node, where="ac_graph_id")
     value = node.meta.get(AC_GRAPH_ID)
     if value is None:
         return None
@@ -141,7 +141,7 @@ def set_recompute(node: torch.fx.Node, policy: Any, ac_graph_id: int = FSDP_AC_G
     Both keys are in ``torch.fx.proxy._COPY_META_FIELDS``, so they survive a retrace under
     ``preserve_node_meta``. The default id keeps project tags apart from user AC regions.
     """
-    require_node(node, "set_recompute")
+    require_node(node, where="set_recompute")
     policy_type = checkpoint_policy()
     if not isinstance(policy, policy_type):
         raise TagError({node.name: [f"{RECOMPUTE} must be a CheckpointPolicy, got {policy!r}"]})
@@ -159,7 +159,7 @@ def module_fqn(node: torch.fx.Node) -> str | None:
     Dynamo/export record (its path is already an FQN, e.g. ``"layers.1.mlp"``, except for
     Dynamo's ``L['self']`` spelling, which is normalised here).
     """
-    require_node(node, "module_fqn")
+    require_node(node, where="module_fqn")
     custom = custom_meta(node)
     if custom is not None and MODULE_FQN in custom:
         value = custom[MODULE_FQN]

@@ -1,8 +1,6 @@
-"""The torch internals ap-tags touches, looked up once and feature-detected.
+"""Every private torch name ap-tags uses, looked up at call time and feature-detected.
 
-Everything here is private to torch and marked ``is_backward_compatible=False`` upstream, so each
-lookup fails with a message naming the supported torch range instead of an AttributeError deep
-inside a pass.
+See :mod:`ap_tags.torch_support` for the convention all ap packages follow.
 """
 
 from __future__ import annotations
@@ -13,33 +11,34 @@ from typing import Any
 import torch
 import torch.fx
 
-SUPPORTED_TORCH = ">=2.13,<2.16"
+from . import torch_support
+
+#: The torch versions ap-tags is tested on (the only place they are written).
+TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
 
 
-class UnsupportedTorchError(RuntimeError):
+class UnsupportedTorchError(torch_support.UnsupportedTorchError):
     """A torch internal ap-tags relies on is missing from the installed torch."""
 
 
-def _missing(what: str) -> UnsupportedTorchError:
-    return UnsupportedTorchError(
-        f"ap-tags needs {what}, which torch {torch.__version__} does not provide; "
-        f"supported torch versions: {SUPPORTED_TORCH}"
-    )
+SUPPORT = torch_support.TorchSupport("ap-tags", TESTED_TORCH, UnsupportedTorchError)
 
 
 def checkpoint_policy() -> Any:
     """``torch.utils.checkpoint.CheckpointPolicy`` (the enum behind ``meta['recompute']``)."""
-    policy = getattr(torch.utils.checkpoint, "CheckpointPolicy", None)
-    if policy is None:
-        raise _missing("torch.utils.checkpoint.CheckpointPolicy")
-    return policy
+    return SUPPORT.attr("torch.utils.checkpoint", "CheckpointPolicy")
 
 
 def require_fx_traceback(*names: str) -> None:
     """Fail clearly when one of the ``torch.fx.traceback`` helpers we use is gone."""
-    for name in names:
-        if not hasattr(torch.fx.traceback, name):
-            raise _missing(f"torch.fx.traceback.{name}")
+    SUPPORT.attrs("torch.fx.traceback", names)
+
+
+@functools.cache
+def op_overload_type() -> type:
+    """``torch._ops.OpOverload``: the type of an ATen/custom op target in an FX graph."""
+    op_type: type = SUPPORT.attr("torch._ops", "OpOverload")
+    return op_type
 
 
 @functools.cache
@@ -49,16 +48,15 @@ def functional_collective_ops() -> tuple[Any, Any, Any | None]:
     Importing ``torch.distributed._functional_collectives`` registers the ``_c10d_functional``
     ops (and marks ``wait_tensor`` side-effectful). ``wait_tensors`` only exists from 2.15.
     """
-    try:
-        import torch.distributed._functional_collectives  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - torch built without distributed
-        raise _missing("torch.distributed._functional_collectives") from exc
+    SUPPORT.module("torch.distributed._functional_collectives")
     ns = torch.ops._c10d_functional
     try:
         all_gather = ns.all_gather_into_tensor.default
         wait = ns.wait_tensor.default
     except (AttributeError, RuntimeError) as exc:
-        raise _missing("torch.ops._c10d_functional.{all_gather_into_tensor,wait_tensor}") from exc
+        raise SUPPORT.missing(
+            "torch.ops._c10d_functional.{all_gather_into_tensor,wait_tensor}"
+        ) from exc
     wait_many: Any | None
     try:
         wait_many = ns.wait_tensors.default
@@ -76,9 +74,33 @@ def saved_output_descriptor_types() -> tuple[type, ...]:
     an empty tuple means the descriptors module is missing and callers fall back.
     """
     try:
-        from torch._functorch._aot_autograd import descriptors
-    except ImportError:
+        descriptors = SUPPORT.module("torch._functorch._aot_autograd.descriptors")
+    except UnsupportedTorchError:
         return ()
     names = ("SavedForBackwardsAOTOutput", "SavedForBackwardsNoVcCheckAOTOutput")
     found = tuple(getattr(descriptors, n) for n in names if hasattr(descriptors, n))
     return tuple(t for t in found if isinstance(t, type))
+
+
+def symint_hint(value: torch.SymInt) -> int | None:
+    """A concrete int for ``value`` from hints only (see ``ap_tags.graph.size_hint``).
+
+    torch's ``optimization_hint`` answers for backed symbols and for unbacked ones marked with
+    ``hint_override``, but invents a heuristic value (8192) for an unbacked symbol nobody
+    hinted; such an expression is reported as unknown instead. The ShapeEnv tables are
+    ``backed_var_to_val`` from 2.15 and ``var_to_val`` before.
+    """
+    if value.node.hint is not None:
+        return int(value.node.hint)
+    env: Any = value.node.shape_env
+    if env is None:
+        return None
+    backed = getattr(env, "backed_var_to_val", None)
+    if backed is None:
+        backed = getattr(env, "var_to_val", {})
+    overrides = getattr(env, "var_to_hint_override", {})
+    expr = value.node.expr.xreplace(env.replacements)
+    if any(s not in backed and s not in overrides for s in expr.free_symbols):
+        return None
+    hint = SUPPORT.attr("torch.fx.experimental.symbolic_shapes", "optimization_hint")
+    return int(hint(value))

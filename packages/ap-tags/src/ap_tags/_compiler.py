@@ -23,10 +23,10 @@ from typing import Any
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
-from ._args import check_num_fwd_outputs, require_graph_module
 from ._compat import require_fx_traceback
 from ._recomputed import release_recomputed_saves
-from ._saved import SavedOutputsReport, tag_saved_outputs
+from ._saved import SavedOutputsReport, check_num_fwd_outputs, tag_saved_outputs
+from .checks import require_graph_module
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def preserve_meta_compiler(
     check_num_fwd_outputs(num_fwd_outputs, "preserve_meta_compiler")
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> InterpretedGraph:
-        require_graph_module(gm, "preserve_meta_compiler", "gm")
+        require_graph_module(gm, where="preserve_meta_compiler", arg="gm")
         report = None
         if tag_forward:
             report = tag_saved_outputs(gm, num_fwd_outputs=num_fwd_outputs)

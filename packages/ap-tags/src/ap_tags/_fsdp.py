@@ -3,7 +3,7 @@
 An FSDP chain is ``param placeholder -> casts -> all_gather_into_tensor -> wait -> views``.
 Its outputs are full (unsharded) weights: saving any of them for backward keeps a whole layer's
 weights alive across the forward, which is exactly what resharding after forward forbids.
-Compared with the reference implementation this pass
+This pass
 
 * tags the whole single-input chain between the placeholder and the all-gather (any number of
   casts, ``_to_copy`` or ``convert_element_type``), not only one immediate cast;
@@ -17,20 +17,18 @@ Compared with the reference implementation this pass
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 
 from ._accessors import set_recompute
-from ._args import as_graph
 from ._compat import checkpoint_policy, functional_collective_ops
 from ._keys import FSDP_AC_GRAPH_ID
+from .checks import require_graph
+from .graph import aliases_input, is_backward_node, is_getitem
 
 log = logging.getLogger(__name__)
-
-_BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
 
 
 @dataclass(frozen=True)
@@ -63,27 +61,10 @@ class FsdpTagReport:
         return len(self.tagged_nodes)
 
 
-def _is_backward(node: torch.fx.Node) -> bool:
-    return node.meta.get("partitioner_tag") in _BACKWARD_TAGS or bool(
-        node.meta.get("autograd_backward", False)
-    )
-
-
-def _is_view_like(node: torch.fx.Node) -> bool:
-    """Aliasing/reshaping ops (free to recompute, never worth saving on their own)."""
-    if node.op != "call_function":
-        return False
-    target = node.target
-    if target is operator.getitem:
-        return True
-    if isinstance(target, torch._ops.OpOverload):
-        if target.is_view:
-            return True
-        return target in (
-            torch.ops.aten._unsafe_view.default,
-            torch.ops.aten.reshape.default,
-        )
-    return False
+def _free_to_recompute(node: torch.fx.Node) -> bool:
+    """Ops that only re-describe a value (aliases, getitems, ``reshape``): never worth saving on
+    their own, so ``reshard_after_forward=False`` saves the op before them instead."""
+    return is_getitem(node) or aliases_input(node) or node.target is torch.ops.aten.reshape.default
 
 
 def _cast_chain_to_placeholder(
@@ -124,7 +105,7 @@ def _wait_of(
             tensors = user.args[0]
             if not isinstance(tensors, list | tuple) or len(tensors) != 1:
                 return None
-            getitems = [u for u in user.users if u.target is operator.getitem]
+            getitems = [u for u in user.users if is_getitem(u)]
             return [user, *getitems]
     return None
 
@@ -137,7 +118,7 @@ def _view_fanout(start: list[torch.fx.Node]) -> list[torch.fx.Node]:
     while frontier:
         node = frontier.pop()
         for user in node.users:
-            if user in seen or user.op != "call_function" or _is_backward(user):
+            if user in seen or user.op != "call_function" or is_backward_node(user):
                 continue
             if len(user.all_input_nodes) != 1:
                 continue  # the first multi-input consumer ends this branch
@@ -154,7 +135,9 @@ def _last_non_view_nodes(
     picked: list[torch.fx.Node] = []
     for end in chain_ends:
         node = end
-        while _is_view_like(node) and node.all_input_nodes and node.all_input_nodes[0] in chain:
+        while (
+            _free_to_recompute(node) and node.all_input_nodes and node.all_input_nodes[0] in chain
+        ):
             node = node.all_input_nodes[0]
         if node not in picked:
             picked.append(node)
@@ -182,7 +165,7 @@ def mark_fsdp_all_gather_recomputation(
         raise TypeError(
             f"reshard_after_forward must be bool, got {type(reshard_after_forward).__name__}"
         )
-    g = as_graph(graph, "mark_fsdp_all_gather_recomputation")
+    g = require_graph(graph, where="mark_fsdp_all_gather_recomputation")
     all_gather_op, wait_op, wait_many_op = functional_collective_ops()
     policy = checkpoint_policy()
 

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch.fx
 
-from ._args import require_graph_module
 from ._compat import checkpoint_policy
 from ._keys import CUSTOM, MUST_SAVE, MUST_SAVE_INDICES, RECOMPUTE
+from .checks import require_graph_module
+from .graph import is_backward_node
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ _FORWARD_TAGS = ("is_forward", "must_be_in_forward")
 def is_backward_graph(gm: torch.fx.GraphModule) -> bool:
     """A graph ``_extract_fwd_bwd_modules`` extracted as the backward: it marks every backward
     ``call_function`` ``autograd_backward`` (2.13-2.15)."""
-    return any(n.meta.get("autograd_backward") is True for n in gm.graph.nodes)
+    return any(is_backward_node(n) for n in gm.graph.nodes if n.op == "call_function")
 
 
 def is_recomputed_forward_op(node: torch.fx.Node) -> bool:
@@ -59,7 +60,7 @@ def release_recomputed_saves(bw_gm: torch.fx.GraphModule) -> tuple[str, ...]:
     A graph that is not a backward graph is left alone (a forward graph's save tags are the
     point). ``MUST_RECOMPUTE``/``PREFER_RECOMPUTE`` stay: they already say "recompute".
     """
-    require_graph_module(bw_gm, "release_recomputed_saves", "bw_gm")
+    require_graph_module(bw_gm, where="release_recomputed_saves", arg="bw_gm")
     if not is_backward_graph(bw_gm):
         return ()
     changed: list[str] = []

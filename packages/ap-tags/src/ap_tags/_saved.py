@@ -1,9 +1,8 @@
 """``tag_saved_outputs``: stamp the first partition's save decisions onto forward nodes.
 
 AOTAutograd's forward graph returns ``[user-visible outputs | values saved for backward]``.
-Only the second part is a save decision; the reference tagged the whole tuple, so user outputs
-looked "saved" to the second compilation's partitioner. Here the split point comes from the
-output node's ``meta["desc"]`` (AOTAutograd writes ``SavedForBackwards*AOTOutput`` descriptors
+Only the second part is a save decision: tagging user outputs too would make them look "saved"
+to the second compilation's partitioner. The split point comes from the output node's ``meta["desc"]`` (AOTAutograd writes ``SavedForBackwards*AOTOutput`` descriptors
 for saved values in 2.13-2.15) or from an explicit ``num_fwd_outputs``.
 """
 
@@ -17,10 +16,10 @@ from typing import Literal
 import torch.fx
 
 from ._accessors import _indices_problem, _is_int, custom_meta, mark_must_save
-from ._args import check_num_fwd_outputs, require_graph_module
 from ._compat import saved_output_descriptor_types
 from ._errors import TagError
 from ._keys import MUST_SAVE_INDICES
+from .checks import require_graph_module, require_int
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ class SavedOutputsReport:
 
     ``source`` says how saved values were told apart from user outputs: ``"argument"``
     (``num_fwd_outputs`` given), ``"descriptors"`` (output ``meta["desc"]``), or ``"unknown"``
-    (neither available: every computed output was tagged, as the reference does).
+    (neither available: every computed output was tagged).
     """
 
     source: SplitSource
@@ -41,6 +40,14 @@ class SavedOutputsReport:
     tagged: tuple[str, ...]
     getitem_parents: dict[str, tuple[int, ...]]
     saved_placeholders: tuple[str, ...]
+
+
+def check_num_fwd_outputs(value: object, where: str) -> int | None:
+    """``num_fwd_outputs`` is None (decide from descriptors) or an int (range-checked by the
+    caller against the output count)."""
+    if value is None:
+        return None
+    return require_int(value, where=where, arg="num_fwd_outputs")
 
 
 def _output_values(gm: torch.fx.GraphModule) -> tuple[torch.fx.Node, list[object]]:
@@ -88,7 +95,7 @@ def tag_saved_outputs(
     retrace). Saved placeholders are reported but not tagged (partitioners save inputs anyway).
     With ``num_fwd_outputs`` (or descriptors) only outputs past the user outputs are tagged.
     """
-    require_graph_module(fw_gm, "tag_saved_outputs")
+    require_graph_module(fw_gm, where="tag_saved_outputs", arg="fw_gm")
     check_num_fwd_outputs(num_fwd_outputs, "tag_saved_outputs")
     out, values = _output_values(fw_gm)
     if num_fwd_outputs is not None:

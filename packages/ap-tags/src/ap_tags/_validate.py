@@ -13,7 +13,6 @@ from typing import Any
 import torch.fx
 
 from ._accessors import _indices_problem, _is_int
-from ._args import as_graph, require_node
 from ._compat import checkpoint_policy
 from ._errors import TagError
 from ._keys import (
@@ -27,6 +26,7 @@ from ._keys import (
     MUST_SAVE_INDICES,
     RECOMPUTE,
 )
+from .checks import require_graph, require_node
 
 
 def _bool_problem(key: str) -> Callable[[object], str | None]:
@@ -68,7 +68,7 @@ def _output_count(node: torch.fx.Node) -> int | None:
 
 def node_tag_problems(node: torch.fx.Node) -> list[str]:
     """Every problem with ``node``'s project and AC tags (empty when well-formed)."""
-    require_node(node, "node_tag_problems")
+    require_node(node, where="node_tag_problems")
     problems: list[str] = []
     custom: Any = node.meta.get(CUSTOM)
     if custom is not None and not isinstance(custom, dict):
@@ -101,7 +101,7 @@ def node_tag_problems(node: torch.fx.Node) -> list[str]:
 
 def validate_tags(graph: torch.fx.Graph | torch.fx.GraphModule) -> None:
     """Raise ``TagError`` naming every node whose tags are malformed; return None otherwise."""
-    g = as_graph(graph, "validate_tags")
+    g = require_graph(graph, where="validate_tags")
     problems: dict[str, list[str]] = {}
     for node in g.nodes:
         found = node_tag_problems(node)
