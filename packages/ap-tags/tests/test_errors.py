@@ -8,7 +8,6 @@ the graph exactly as it was (code and every node's meta).
 
 from __future__ import annotations
 
-import copy
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch.fx.traceback
 import torch.utils.checkpoint
 from ap_tags import TagError, UnsupportedTorchError
 from ap_tags._compat import functional_collective_ops
+from ap_testing.graphs import snapshot
 from torch.utils.checkpoint import CheckpointPolicy as P
 
 aten = torch.ops.aten
@@ -60,23 +60,6 @@ def _joint() -> tuple[torch.fx.GraphModule, Nodes]:
     g.output((g0, gr2, relu, g1))
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     return gm, {n.name: n for n in gm.graph.nodes}
-
-
-def _meta_form(value: Any) -> Any:
-    """A comparable copy of a meta value (tensors by shape/dtype, containers recursively)."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.dtype)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(_meta_form(v) for v in value))
-    if isinstance(value, dict):
-        return {k: _meta_form(v) for k, v in value.items()}
-    return copy.deepcopy(value)
-
-
-def snapshot(gm: torch.fx.GraphModule) -> tuple[str, list[tuple[str, Any]]]:
-    return gm.graph.python_code("self").src, [
-        (n.name, _meta_form(dict(n.meta))) for n in gm.graph.nodes
-    ]
 
 
 @dataclass(frozen=True)

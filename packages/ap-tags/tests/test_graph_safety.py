@@ -8,9 +8,6 @@ exactly as it was (same code, same metas).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from ap_tags import (
@@ -22,12 +19,11 @@ from ap_tags import (
     tag_saved_outputs,
     validate_tags,
 )
+from ap_testing.graphs import snapshot
+from ap_testing.joints import RandomJoint, random_joints, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.checkpoint import CheckpointPolicy
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _tags_randgraph import RandomJoint, random_joints, run, snapshot  # noqa: E402
 
 SAFETY = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 P = CheckpointPolicy
@@ -56,7 +52,7 @@ def _refused(joint: RandomJoint, before: tuple[Snapshot, object], err: Exception
 
 
 @SAFETY
-@given(random_joints())
+@given(random_joints(layout="forward", partition_aware=False))
 def test_validate_tags_names_exactly_the_bad_nodes(joint: RandomJoint) -> None:
     before = _before(joint)
     try:
@@ -73,7 +69,7 @@ def test_validate_tags_names_exactly_the_bad_nodes(joint: RandomJoint) -> None:
 
 
 @SAFETY
-@given(random_joints(), st.booleans())
+@given(random_joints(layout="forward", partition_aware=False), st.booleans())
 def test_mark_fsdp_all_gather_recomputation_is_safe(joint: RandomJoint, reshard: bool) -> None:
     before = _before(joint)
     report = mark_fsdp_all_gather_recomputation(joint.gm, reshard_after_forward=reshard)
@@ -97,7 +93,7 @@ def test_mark_fsdp_all_gather_recomputation_is_safe(joint: RandomJoint, reshard:
 
 
 @SAFETY
-@given(random_joints())
+@given(random_joints(layout="forward", partition_aware=False))
 def test_mark_ac_stages_is_safe(joint: RandomJoint) -> None:
     before = _before(joint)
     try:
@@ -121,7 +117,7 @@ def test_mark_ac_stages_is_safe(joint: RandomJoint) -> None:
 
 
 @SAFETY
-@given(random_joints())
+@given(random_joints(layout="forward", partition_aware=False))
 def test_tag_saved_outputs_is_safe(joint: RandomJoint) -> None:
     before = _before(joint)
     try:
@@ -148,7 +144,7 @@ _SEEN: set[str] = set()
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
-@given(random_joints())
+@given(random_joints(layout="forward", partition_aware=False))
 def _observe(joint: RandomJoint) -> None:
     targets = {str(n.target) for n in joint.gm.graph.nodes}
     _SEEN.update(t for t in targets if "unbind" in t or "sort" in t or "mm" in t)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401
 import torch.nn as nn
 from ap_tags import (
@@ -20,6 +18,7 @@ from ap_tags import (
     preserve_meta_compiler,
     recompute_policy,
 )
+from ap_testing.distributed import fake_world
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -111,17 +110,6 @@ def test_compiler_option_type_is_checked() -> None:
         preserve_meta_compiler(tag_forward="yes")  # type: ignore[arg-type]
 
 
-@contextlib.contextmanager
-def _fake_world(size: int = 8) -> Iterator[str]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
-    try:
-        yield dist.group.WORLD.group_name  # type: ignore[union-attr]
-    finally:
-        dist.destroy_process_group()
-
-
 class _Sharded(nn.Module):
     def __init__(self, group_name: str) -> None:
         super().__init__()
@@ -143,7 +131,7 @@ def test_two_stage_aot_run_with_fake_process_group_keeps_tags() -> None:
     )
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    with _fake_world() as group_name:
+    with fake_world() as group_name:
         model = _Sharded(group_name)
         x = torch.randn(4, 16, requires_grad=True)
         reports: dict[str, Any] = {}

@@ -2,20 +2,28 @@
 
 Builds FX graphs with the exact shape torch's bucketing predicates expect: functional
 ``_c10d_functional`` collectives with positional ``group_size``/``group_name`` arguments, a
-``wait_tensor`` per collective, and ``meta['val']`` tensors on the meta device.
+``wait_tensor`` per collective, and ``meta['val']`` tensors on the meta device (``fakeify``
+turns them into CPU fake tensors where torch's merging traces through fake mode).
+``random_collective_graphs`` is the hypothesis strategy behind the bucketing properties.
 """
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
+from hypothesis import strategies as st
+from torch.utils.checkpoint import CheckpointPolicy
 
-_c10d = torch.ops._c10d_functional
-_aten = torch.ops.aten
+from .graphs import fakeify
+
+c10d = torch.ops._c10d_functional
+aten = torch.ops.aten
 
 
 class GraphBuilder:
@@ -50,8 +58,8 @@ class GraphBuilder:
         shape = list(x.meta["val"].shape)
         shape[0] *= group_size
         val = self._val(shape, x.meta["val"].dtype)
-        ag = self._call(_c10d.all_gather_into_tensor.default, (x, group_size, group), val)
-        return ag, self._call(_c10d.wait_tensor.default, (ag,), val)
+        ag = self._call(c10d.all_gather_into_tensor.default, (x, group_size, group), val)
+        return ag, self._call(c10d.wait_tensor.default, (ag,), val)
 
     def reduce_scatter(
         self, x: fx.Node, group: str = "dp", group_size: int = 8
@@ -60,13 +68,13 @@ class GraphBuilder:
         shape = list(x.meta["val"].shape)
         shape[0] //= group_size
         val = self._val(shape, x.meta["val"].dtype)
-        rs = self._call(_c10d.reduce_scatter_tensor.default, (x, "sum", group_size, group), val)
-        return rs, self._call(_c10d.wait_tensor.default, (rs,), val)
+        rs = self._call(c10d.reduce_scatter_tensor.default, (x, "sum", group_size, group), val)
+        return rs, self._call(c10d.wait_tensor.default, (rs,), val)
 
     def all_reduce(self, x: fx.Node, group: str = "dp") -> tuple[fx.Node, fx.Node]:
         val = self._val(x.meta["val"].shape, x.meta["val"].dtype)
-        ar = self._call(_c10d.all_reduce.default, (x, "sum", group), val)
-        return ar, self._call(_c10d.wait_tensor.default, (ar,), val)
+        ar = self._call(c10d.all_reduce.default, (x, "sum", group), val)
+        return ar, self._call(c10d.wait_tensor.default, (ar,), val)
 
     def call(
         self,
@@ -79,15 +87,15 @@ class GraphBuilder:
         return self._call(target, args, self._val(shape, dtype))
 
     def relu(self, x: fx.Node) -> fx.Node:
-        return self._call(_aten.relu.default, (x,), self._val(x.meta["val"].shape))
+        return self._call(aten.relu.default, (x,), self._val(x.meta["val"].shape))
 
     def add(self, x: fx.Node, y: fx.Node) -> fx.Node:
-        return self._call(_aten.add.Tensor, (x, y), self._val(x.meta["val"].shape))
+        return self._call(aten.add.Tensor, (x, y), self._val(x.meta["val"].shape))
 
     def mm(self, x: fx.Node, w: fx.Node) -> fx.Node:
         m = x.meta["val"].shape[0]
         n = w.meta["val"].shape[1]
-        return self._call(_aten.mm.default, (x, w), self._val((m, n)))
+        return self._call(aten.mm.default, (x, w), self._val((m, n)))
 
     def module(self, outputs: Sequence[fx.Node]) -> fx.GraphModule:
         self.graph.output(tuple(outputs))
@@ -119,8 +127,8 @@ def interleaved_fsdp_graph(
         for i in range(compute_per_layer):
             if i % 3 == 0:
                 w = gathered[rng.randrange(len(gathered))]
-                x = b.relu(b.mm(x, b.call(_aten.t.default, (w,), (width, 8 * shard_rows))))
-                x = b.call(_aten.slice.Tensor, (x, 1, 0, width), (32, width))
+                x = b.relu(b.mm(x, b.call(aten.t.default, (w,), (width, 8 * shard_rows))))
+                x = b.call(aten.slice.Tensor, (x, 1, 0, width), (32, width))
             else:
                 x = b.relu(x)
         outputs.append(x)
@@ -158,22 +166,101 @@ def backward_like_graph(layers: int, group: str, dim: int = 64, tokens: int = 64
     for layer in reversed(range(layers)):
         _, weight = b.all_gather(shards[layer], group=group, group_size=8)
         grad_in = b.mm(grad, weight)
-        grad_t = b.call(_aten.t.default, (grad,), (dim, tokens))
+        grad_t = b.call(aten.t.default, (grad,), (dim, tokens))
         grad_w = b.mm(grad_t, acts[layer])
         _, grad_shard = b.reduce_scatter(grad_w, group=group, group_size=8)
         outputs.append(grad_shard)
         grad = b.relu(grad_in)
     gm = b.module([*outputs, grad])
-    _fakeify(gm)
+    fakeify(gm)
     return gm
 
 
-def _fakeify(gm: fx.GraphModule) -> None:
-    """Swap meta-device values for CPU fake tensors: bucket merging traces through fake mode."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+# --------------------------------------------------------------------------- random graphs
 
-    mode = FakeTensorMode()
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            node.meta["val"] = mode.from_tensor(torch.empty(val.shape, dtype=val.dtype))
+ROWS = 8
+
+
+@dataclass
+class RandomCollectiveGraph:
+    gm: fx.GraphModule
+    all_gathers: int
+    reduce_scatters: int
+    missing_val: str | None
+
+
+@st.composite
+def random_collective_graphs(draw: st.DrawFn, groups: tuple[str, ...]) -> RandomCollectiveGraph:
+    b = GraphBuilder(dtype=torch.float32)
+    ready: list[fx.Node] = [b.placeholder((ROWS, ROWS))]
+    pending: list[fx.Node] = []
+    n_ag = n_rs = 0
+    for _ in range(draw(st.integers(2, 16))):
+        action = draw(
+            st.sampled_from(
+                ["ph", "pointwise", "mm", "view", "split", "ag", "ag", "rs", "ar", "wait"]
+            )
+        )
+        if action == "ph":
+            ready.append(b.placeholder((ROWS, ROWS)))
+        elif action == "pointwise":
+            x, y = draw(st.sampled_from(ready)), draw(st.sampled_from(ready))
+            ready.append(b.add(x, y) if draw(st.booleans()) else b.relu(x))
+        elif action == "mm":
+            ready.append(b.mm(draw(st.sampled_from(ready)), draw(st.sampled_from(ready))))
+        elif action == "view":
+            x = draw(st.sampled_from(ready))
+            ready.append(b.call(aten.t.default, (x,), (ROWS, ROWS)))
+        elif action == "split":
+            x = draw(st.sampled_from(ready))
+            parent = b.call(aten.split.Tensor, (x, ROWS // 2), (ROWS, ROWS))
+            parent.meta["val"] = (torch.empty(ROWS // 2, ROWS, device="meta"),) * 2
+            halves = [b.call(operator.getitem, (parent, i), (ROWS // 2, ROWS)) for i in range(2)]
+            ready.append(b.call(aten.cat.default, (halves,), (ROWS, ROWS)))
+        elif action in ("ag", "rs", "ar"):
+            src = draw(st.sampled_from(ready))
+            group = draw(st.sampled_from(groups))
+            if action == "ag":
+                if draw(st.booleans()):  # an FSDP-style gather of a parameter shard
+                    shard = b.placeholder((ROWS // 2, ROWS))
+                else:
+                    shard = b.call(aten.slice.Tensor, (src, 0, 0, ROWS // 2), (ROWS // 2, ROWS))
+                coll = b.all_gather(shard, group=group, group_size=2)[0]
+                n_ag += 1
+            elif action == "rs":
+                coll = b.reduce_scatter(src, group=group, group_size=2)[0]
+                n_rs += 1
+            else:
+                coll = b.all_reduce(src, group=group)[0]
+            b.graph.erase_node(next(iter(coll.users)))  # its wait comes later
+            pending.append(coll)
+        elif pending:
+            ready.append(_wait(b, pending.pop(draw(st.integers(0, len(pending) - 1)))))
+    while pending:
+        ready.append(_wait(b, pending.pop(draw(st.integers(0, len(pending) - 1)))))
+    gm = b.module(ready[-draw(st.integers(1, 3)) :])
+    fakeify(gm)
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    for n in draw(st.lists(st.sampled_from(nodes), max_size=4, unique=True)):
+        n.meta["custom"] = {"ap_must_save": draw(st.booleans()), "module_fqn": "layers.0"}
+        n.meta["recompute"] = draw(st.sampled_from(list(CheckpointPolicy)))
+    missing = None
+    colls = [
+        n
+        for n in nodes
+        if str(n.target).startswith("_c10d_functional.") and "wait" not in str(n.target)
+    ]
+    if colls and draw(st.integers(0, 7)) == 0:
+        victim = draw(st.sampled_from(colls))
+        del victim.meta["val"]
+        missing = victim.name
+    return RandomCollectiveGraph(gm, n_ag, n_rs, missing)
+
+
+def _wait(b: GraphBuilder, coll: fx.Node) -> fx.Node:
+    """The wait, brought back to ``(ROWS, ROWS)`` (a reduce-scatter halves the rows)."""
+    w = b.graph.call_function(c10d.wait_tensor.default, (coll,))
+    w.meta["val"] = coll.meta["val"]
+    if tuple(w.meta["val"].shape) != (ROWS, ROWS):
+        w = b.call(aten.cat.default, ([w, w],), (ROWS, ROWS))
+    return w

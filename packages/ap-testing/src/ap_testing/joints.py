@@ -1,13 +1,22 @@
-"""Random joint graphs for property tests (hypothesis), with random — valid and invalid — tags.
+"""Random joint graphs for property tests (hypothesis), with random valid and invalid tags.
 
 A graph is a small DAG over float32 values of shape ``(4, 4)`` ("mat") or ``(4,)`` ("row"):
 pointwise unary/binary ops (rows broadcast), ``mm``, views (``t``, ``view``, ``alias``),
 multi-output ops (``unbind`` -> getitems, ``sort`` -> getitem 0), FSDP-style chains
-(``placeholder -> casts -> all_gather_into_tensor -> wait_tensor -> slice``), and a backward
-part fed by ``tangents_1`` that reads forward values. Values are computed eagerly while the
-graph is built, so ``meta["val"]`` holds real tensors and graphs without collectives can be
-executed and compared. The module name is package-specific because every package's tests may
-run in one pytest process.
+(``placeholder -> casts -> all_gather_into_tensor -> wait_tensor -> t``), and a backward part
+fed by ``tangents_1`` that reads forward values. Values are computed eagerly while the graph is
+built, so ``meta["val"]`` holds real tensors and graphs without collectives can be executed.
+
+Two output layouts (``layout=``):
+
+* ``"joint"``: ``[forward outputs | gradients]``, as a joint graph handed to a partitioner
+  (output ``meta["desc"]`` all None, as on hand-built joints);
+* ``"forward"``: ``[forward outputs | gradient | values saved for backward]``, as an AOT
+  forward graph returns them after its user outputs (what ``tag_saved_outputs`` reads).
+
+``partition_aware=True`` draws tags the way a real first compilation leaves them (policies on
+forward nodes, occasionally an unsatisfiable ``MUST_RECOMPUTE`` on an input); otherwise tags
+land anywhere, which is what validation properties want.
 """
 
 from __future__ import annotations
@@ -15,13 +24,26 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed._functional_collectives  # noqa: F401  (registers _c10d_functional)
 import torch.fx
 from hypothesis import strategies as st
 from torch.utils.checkpoint import CheckpointPolicy
+
+__all__ = [
+    "BAD_CUSTOM",
+    "BAD_RECOMPUTE",
+    "GOOD_CUSTOM",
+    "GOOD_RECOMPUTE",
+    "RandomJoint",
+    "random_joints",
+    "run",
+    "run_partition",
+]
+
+Layout = Literal["joint", "forward"]
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -66,6 +88,8 @@ class RandomJoint:
 
 
 class _Builder:
+    """Builds the graph and computes every value eagerly (``env``)."""
+
     def __init__(self) -> None:
         self.g = torch.fx.Graph()
         self.env: dict[torch.fx.Node, Any] = {}
@@ -102,7 +126,16 @@ KINDS = ["unary", "binary", "mm", "view", "unbind", "sort", "fsdp"]
 
 
 @st.composite
-def random_joints(draw: st.DrawFn, *, tags: bool = True, collectives: bool = True) -> RandomJoint:
+def random_joints(
+    draw: st.DrawFn,
+    *,
+    tags: bool = True,
+    collectives: bool = True,
+    layout: Layout = "joint",
+    partition_aware: bool | None = None,
+) -> RandomJoint:
+    """A random joint graph (see the module doc); ``partition_aware`` defaults to
+    ``layout == "joint"``."""
     b = _Builder()
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     n_primals = draw(st.integers(1, 3))
@@ -161,10 +194,18 @@ def random_joints(draw: st.DrawFn, *, tags: bool = True, collectives: bool = Tru
         grad = b.op(draw(st.sampled_from(BINARY)), (grad, other))
         if tuple(b.env[grad].shape) != (4, 4):
             grad = b.op(aten.add.Tensor, (grad, tangent))
-    # then values "saved for backward", as an AOT forward graph returns them after user outputs
-    saved = draw(st.lists(st.sampled_from(fwd_values), max_size=4))
-    outs = [*fwd_outs, grad, *saved]
-    b.g.output(tuple(outs))
+    if layout == "forward":
+        # then values "saved for backward", as an AOT forward graph returns them
+        saved = draw(st.lists(st.sampled_from(fwd_values), max_size=4))
+        b.g.output((*fwd_outs, grad, *saved))
+    else:
+        grads = [grad]
+        if draw(st.booleans()):  # a second gradient reading another forward value
+            other = draw(st.sampled_from(b.mats))
+            grads.append(b.op(aten.mul.Tensor, (tangent, other)))
+        outs = [*fwd_outs, *grads]
+        out = b.g.output(tuple(outs))
+        out.meta["desc"] = [None] * len(outs)
     gm = torch.fx.GraphModule(torch.nn.Module(), b.g)
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
     joint = RandomJoint(
@@ -175,7 +216,8 @@ def random_joints(draw: st.DrawFn, *, tags: bool = True, collectives: bool = Tru
         fsdp_chains=chains,
     )
     if tags:
-        _tag(draw, joint)
+        aware = layout == "joint" if partition_aware is None else partition_aware
+        _tag(draw, joint, aware)
     return joint
 
 
@@ -198,59 +240,94 @@ PARENT_CUSTOM: list[tuple[dict[str, Any] | None, bool]] = [
 ]
 
 
-def _tag(draw: st.DrawFn, joint: RandomJoint) -> None:
-    """Random tags on random nodes; invalid ones are recorded so properties can predict errors."""
+def _tag(draw: st.DrawFn, joint: RandomJoint, partition_aware: bool) -> None:
+    """Random tags on random nodes; invalid ones are recorded so properties can predict errors.
+
+    ``partition_aware``: policies land on forward nodes (bad ones anywhere), bad customs are
+    rarer, and one input in six is tagged ``MUST_RECOMPUTE`` (no valid replay cut exists)."""
     nodes = [n for n in joint.gm.graph.nodes if n.op != "output"]
+    backward: set[torch.fx.Node] = set()
+    for n in nodes:
+        if str(n.target).startswith("tangents") or any(i in backward for i in n.all_input_nodes):
+            backward.add(n)
+    primals = [n for n in nodes if str(n.target).startswith("primals")]
+    if partition_aware and draw(st.integers(0, 5)) == 0:
+        draw(st.sampled_from(primals)).meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    parent_choices = [(None, False), *PARENT_CUSTOM] if partition_aware else PARENT_CUSTOM
     for n in nodes:  # multi-output parents: index lists, the trickiest tag
         if any(u.target is operator.getitem for u in n.users):
-            custom, bad = draw(st.sampled_from(PARENT_CUSTOM))
+            custom, bad = draw(st.sampled_from(parent_choices))
             if custom is not None:
                 n.meta["custom"] = copy.deepcopy(custom)
             if bad:
                 joint.bad_nodes.add(n.name)
     # bias towards the nodes passes act on: multi-output parents and output values
     parents = [n for n in nodes if n.target is operator.getitem for n in n.all_input_nodes]
-    outputs = [a for a in joint.gm.graph.output_node().args[0] if isinstance(a, torch.fx.Node)]
+    outputs = [a for a in _outputs(joint.gm) if isinstance(a, torch.fx.Node)]
     pool = nodes + parents * 2 + outputs
+    bad_custom_odds = 5 if partition_aware else 2
     for n in draw(st.lists(st.sampled_from(pool), max_size=5, unique=True)):
         if draw(st.booleans()):
             joint.bad_nodes.discard(n.name)  # its custom is replaced below
-            if draw(st.integers(0, 2)) == 0:
+            if draw(st.integers(0, bad_custom_odds)) == 0:
                 n.meta["custom"] = copy.deepcopy(draw(st.sampled_from(BAD_CUSTOM)))
                 joint.bad_nodes.add(n.name)
             else:
                 n.meta["custom"] = copy.deepcopy(draw(st.sampled_from(GOOD_CUSTOM)))
+            continue
+        if partition_aware and n in backward and not draw(st.integers(0, 3)) == 0:
+            continue  # torch/ap-tags put policies on forward nodes only; bad ones anywhere
+        if partition_aware:
+            bad = n in backward or draw(st.integers(0, 7)) == 0
         else:
-            if draw(st.integers(0, 3)) == 0:
-                policy, gid = draw(st.sampled_from(BAD_RECOMPUTE))
-                joint.bad_nodes.add(n.name)
-                joint.bad_ac_nodes.add(n.name)
-            else:
-                policy, gid = draw(st.sampled_from(GOOD_RECOMPUTE))
-            n.meta["recompute"] = policy
-            if gid is not None:
-                n.meta["ac_graph_id"] = gid
+            bad = draw(st.integers(0, 3)) == 0
+        if bad:
+            policy, gid = draw(st.sampled_from(BAD_RECOMPUTE))
+            joint.bad_nodes.add(n.name)
+            joint.bad_ac_nodes.add(n.name)
+        else:
+            policy, gid = draw(st.sampled_from(GOOD_RECOMPUTE))
+        n.meta["recompute"] = policy
+        if gid is not None:
+            n.meta["ac_graph_id"] = gid
 
 
-def _meta_form(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.dtype)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(_meta_form(v) for v in value))
-    if isinstance(value, dict):
-        return {k: _meta_form(v) for k, v in value.items()}
-    if isinstance(value, str | int | float | bool | type(None)) or hasattr(value, "name"):
-        return copy.deepcopy(value)
-    return ("object", id(value))
-
-
-def snapshot(gm: torch.fx.GraphModule) -> tuple[str, list[tuple[str, Any]]]:
-    """Graph code plus a comparable form of every node's meta."""
-    return gm.graph.python_code("self").src, [
-        (n.name, _meta_form(dict(n.meta))) for n in gm.graph.nodes
-    ]
+def _outputs(gm: torch.fx.GraphModule) -> list[Any]:
+    values = gm.graph.output_node().args[0]
+    return list(values) if isinstance(values, list | tuple) else [values]
 
 
 def run(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     out = torch.fx.Interpreter(gm).run(*inputs)
-    return list(out)
+    return [o.clone() if isinstance(o, torch.Tensor) else o for o in out]
+
+
+def run_partition(
+    fw: torch.fx.GraphModule,
+    bw: torch.fx.GraphModule,
+    joint: RandomJoint,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run the forward on the primals and the backward on (saved by name, tangents by name)."""
+    by_name = {
+        n.name: v
+        for n, v in zip(
+            [n for n in joint.gm.graph.nodes if n.op == "placeholder"], joint.inputs, strict=False
+        )
+    }
+    primals = [by_name[n.name] for n in fw.graph.nodes if n.op == "placeholder"]
+    fw_out = run(fw, primals)
+    saved = {
+        a.name: v
+        for a, v in zip(
+            _outputs(fw)[joint.num_fwd_outputs :],
+            fw_out[joint.num_fwd_outputs :],
+            strict=True,
+        )
+        if isinstance(a, torch.fx.Node)
+    }
+    bw_args = []
+    for n in bw.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        bw_args.append(by_name[n.name] if n.name.startswith("tangents") else saved[n.name])
+    return fw_out[: joint.num_fwd_outputs], run(bw, bw_args)

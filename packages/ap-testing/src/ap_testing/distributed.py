@@ -1,0 +1,51 @@
+"""Process groups for tests: torch's ``fake`` backend (structure only) and an autograd-aware
+all-gather.
+
+The fake backend runs every collective locally and returns garbage data: use it for graph
+structure, sizes and compile behaviour, never for numbers. Real numerics need real ranks (gloo
+on 127.0.0.1; see ``ap_backend.demo.spawn_ranks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+__all__ = ["FAKE_WORLD_SIZE", "fake_world", "gather_autograd"]
+
+#: World size of the fake process group (8: FSDP shards of 1/8, as on a node of 8 GPUs).
+FAKE_WORLD_SIZE = 8
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int = FAKE_WORLD_SIZE) -> Iterator[str]:
+    """Initialise the default process group on the ``fake`` backend for the block; yields the
+    WORLD group's name. Destroys it (and resets Dynamo, whose caches hold graphs that name the
+    group) on exit."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        group = dist.group.WORLD
+        assert group is not None
+        yield group.group_name
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+
+
+def gather_autograd(weight: torch.Tensor, group: str | None = None) -> torch.Tensor:
+    """Autograd-aware functional all-gather along dim 0 (its backward is a reduce-scatter), on
+    ``group`` (default: WORLD). The graph shape FSDP produces: ``all_gather -> wait``."""
+    fn = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    target: Any = dist.group.WORLD if group is None else group
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        gathered: torch.Tensor = fn(weight, 0, target)
+    return gathered
