@@ -143,9 +143,11 @@ def collective_input(wait: torch.fx.Node, index: int = 0) -> torch.fx.Node | Non
 
 
 def aliases_input(node: torch.fx.Node) -> bool:
-    """The op's output shares its first input's storage: every view op (``view``, ``t``,
-    ``slice``, ``expand``, ``detach``, ``alias`` ...) and ``_unsafe_view`` (a view that autograd
-    does not track as one). ``reshape`` is not here: it may copy."""
+    """The op's output shares its first input's storage: every op whose schema says so (views
+    such as ``view``, ``t``, ``slice``, ``expand``, ``detach``, ``alias``, and ``reshape``, which
+    may alias) plus ``_unsafe_view`` (a view autograd does not track as one). Where such an op
+    copies instead, the copy has the same size, so sizes and "is this an unsharded weight?"
+    come out the same either way."""
     op = op_overload(node)
     if op is None:
         return False
