@@ -129,12 +129,25 @@ def test_collectives_are_not_tagged(build: Any) -> None:
     assert recompute_policy(a) is not None
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "2", None])
-def test_bad_stage_size_refused_and_graph_unchanged(build: Any, bad: object) -> None:
+@pytest.mark.parametrize(
+    ("bad", "exc"),
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (True, TypeError),
+        ("2", TypeError),
+        (None, TypeError),
+    ],
+)
+def test_bad_stage_size_refused_and_graph_unchanged(
+    build: Any, bad: object, exc: type[Exception]
+) -> None:
     gm, n = _joint(build)
-    with pytest.raises(ValueError, match="stage_size_gib"):
+    with pytest.raises(exc, match="stage_size_gib"):
         mark_ac_stages(gm, stage_size_gib=bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="stage_size_gib"):
+    with pytest.raises(exc, match="stage_size_gib"):
         ac_joint_pass(bad)  # type: ignore[arg-type]
     assert _policies(n) == {}
 

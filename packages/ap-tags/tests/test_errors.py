@@ -378,21 +378,29 @@ for value in ["yes", 1, None]:
             ("reshard_after_forward", "bool", type(value).__name__),
         )
     )
-for value in [0, -1.0, float("nan"), float("inf"), True, "big", None]:
+for value, exc in [
+    (0, ValueError),
+    (-1.0, ValueError),
+    (float("nan"), ValueError),
+    (float("inf"), ValueError),
+    (True, TypeError),
+    ("big", TypeError),
+    (None, TypeError),
+]:
     CASES.append(
         Case(
             f"ac_stages/stage_size_gib={value!r}",
             lambda gm, n, v=value: T.mark_ac_stages(gm, stage_size_gib=v),  # type: ignore[arg-type]
-            ValueError,
-            ("stage_size_gib", "'auto' or a positive finite number", repr(value)),
+            exc,
+            ("mark_ac_stages", "stage_size_gib", "'auto' or a positive finite number", repr(value)),
         )
     )
     CASES.append(
         Case(
             f"ac_joint_pass/stage_size_gib={value!r}",
             lambda gm, n, v=value: T.ac_joint_pass(v),  # type: ignore[arg-type]
-            ValueError,
-            ("stage_size_gib", repr(value)),
+            exc,
+            ("ac_joint_pass", "stage_size_gib", repr(value)),
         )
     )
 for value in [1, "yes", None]:

@@ -19,7 +19,13 @@ Public submodules shared by every ap package that depends on ap-tags:
 from __future__ import annotations
 
 from . import checks, graph, scoped, torch_support
-from ._ac_stages import AcJointPass, AcStageReport, ac_joint_pass, mark_ac_stages
+from ._ac_stages import (
+    AcJointPass,
+    AcStageReport,
+    ac_joint_pass,
+    check_stage_size,
+    mark_ac_stages,
+)
 from ._accessors import (
     ac_graph_id,
     custom_meta,
@@ -78,6 +84,7 @@ __all__ = [
     "__version__",
     "ac_graph_id",
     "ac_joint_pass",
+    "check_stage_size",
     "checks",
     "graph",
     "scoped",

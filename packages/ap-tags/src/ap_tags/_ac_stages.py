@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 import torch.fx
 
+from . import checks
 from ._accessors import ac_graph_id, recompute_policy, set_recompute
 from ._compat import checkpoint_policy
 from ._keys import FSDP_AC_GRAPH_ID
@@ -51,19 +52,22 @@ class AcStageReport:
     user_annotated: tuple[str, ...]
 
 
-def _check_stage_size(stage_size_gib: object) -> StageSize:
-    if stage_size_gib == "auto":
+def check_stage_size(
+    value: object, *, where: str = "mark_ac_stages", arg: str = "stage_size_gib"
+) -> StageSize:
+    """``"auto"`` or a positive finite number of GiB (returned as float).
+
+    Anything else of the wrong type (a bool, another string, None) is a ``TypeError``; a
+    number that is not positive and finite is a ``ValueError``.
+    """
+    if value == "auto":
         return "auto"
-    if (
-        isinstance(stage_size_gib, bool)
-        or not isinstance(stage_size_gib, int | float)
-        or not math.isfinite(stage_size_gib)
-        or stage_size_gib <= 0
-    ):
-        raise ValueError(
-            f"stage_size_gib must be 'auto' or a positive finite number, got {stage_size_gib!r}"
-        )
-    return float(stage_size_gib)
+    expected = "'auto' or a positive finite number of GiB"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{where}: {arg} must be {expected}, got {checks.describe(value)}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{where}: {arg} must be {expected}, got {value!r}")
+    return float(value)
 
 
 def _ancestors(nodes: Iterable[torch.fx.Node]) -> set[torch.fx.Node]:
@@ -112,7 +116,7 @@ def mark_ac_stages(
     or an existing ``recompute``/``ac_graph_id`` tag is malformed.
     """
     g = require_graph(graph, where="mark_ac_stages")
-    size_opt = _check_stage_size(stage_size_gib)
+    size_opt = check_stage_size(stage_size_gib)
     policy = checkpoint_policy()
     order = {n: i for i, n in enumerate(g.nodes)}
     candidates = recomputable_forward_nodes(g)
@@ -224,7 +228,7 @@ class AcJointPass:
     """
 
     def __init__(self, stage_size_gib: StageSize = "auto") -> None:
-        self.stage_size_gib = _check_stage_size(stage_size_gib)
+        self.stage_size_gib = check_stage_size(stage_size_gib, where="ac_joint_pass")
         self.reports: list[AcStageReport] = []
 
     def __call__(self, fx_g: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:

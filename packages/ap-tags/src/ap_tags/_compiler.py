@@ -26,7 +26,7 @@ import torch.fx.traceback as fx_traceback
 from ._compat import require_fx_traceback
 from ._recomputed import release_recomputed_saves
 from ._saved import SavedOutputsReport, check_num_fwd_outputs, tag_saved_outputs
-from .checks import require_graph_module
+from .checks import require_bool, require_graph_module
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ def preserve_meta_compiler(
     recomputed.
     """
     require_fx_traceback("preserve_node_meta", "set_current_meta")
-    if not isinstance(tag_forward, bool):
-        raise TypeError(f"tag_forward must be bool, got {type(tag_forward).__name__}")
+    require_bool(tag_forward, where="preserve_meta_compiler", arg="tag_forward")
     check_num_fwd_outputs(num_fwd_outputs, "preserve_meta_compiler")
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> InterpretedGraph:

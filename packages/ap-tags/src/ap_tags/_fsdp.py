@@ -25,7 +25,7 @@ import torch.fx
 from ._accessors import set_recompute
 from ._compat import checkpoint_policy, functional_collective_ops
 from ._keys import FSDP_AC_GRAPH_ID
-from .checks import require_graph
+from .checks import require_bool, require_graph
 from .graph import aliases_input, is_backward_node, is_getitem
 
 log = logging.getLogger(__name__)
@@ -161,10 +161,11 @@ def mark_fsdp_all_gather_recomputation(
     ``False``: the last non-view node of each branch gets ``MUST_SAVE`` (the gathered weight
     stays alive, so the backward does not gather it again).
     """
-    if not isinstance(reshard_after_forward, bool):
-        raise TypeError(
-            f"reshard_after_forward must be bool, got {type(reshard_after_forward).__name__}"
-        )
+    require_bool(
+        reshard_after_forward,
+        where="mark_fsdp_all_gather_recomputation",
+        arg="reshard_after_forward",
+    )
     g = require_graph(graph, where="mark_fsdp_all_gather_recomputation")
     all_gather_op, wait_op, wait_many_op = functional_collective_ops()
     policy = checkpoint_policy()

@@ -36,6 +36,7 @@ import torch.nn as nn
 
 from ._compat import require_fx_traceback
 from ._keys import MODULE_FQN
+from .checks import require_instance
 
 _MISSING = object()
 
@@ -64,8 +65,9 @@ def annotate_module_fqns(
     ``model``. Restores every wrapped ``forward`` on exit, even if tracing raised.
     """
     require_fx_traceback("annotate", "preserve_node_meta")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"annotate_module_fqns expects an nn.Module, got {type(model).__name__}")
+    require_instance(
+        model, nn.Module, where="annotate_module_fqns", arg="model", expected="an nn.Module"
+    )
     previous: list[tuple[nn.Module, object]] = []
     try:
         for fqn, module in model.named_modules():
