@@ -23,22 +23,15 @@ from typing import Any
 
 import ap_tags
 import torch.fx as fx
-from torch._inductor.custom_graph_pass import CustomPartitionerFn
+from ap_tags.checks import require_bool, require_callable, require_graph_module, require_int
+from ap_tags.scoped import paused_gc
 
 from ap_partitioner import _compat
-from ap_partitioner._args import (
-    check_bool,
-    check_call,
-    check_callback,
-    check_count,
-    check_module,
-    release_unsatisfiable_recompute,
-    sanitize_tags,
-    working_copy,
-)
+from ap_partitioner._call_args import check_call
+from ap_partitioner._compat import CustomPartitionerFn
 from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
 from ap_partitioner._dce import wait_tensor_dce
-from ap_partitioner._gcpause import paused_gc
+from ap_partitioner._fallback_tags import release_unsatisfiable_recompute, sanitize_tags
 from ap_partitioner._prologue import (
     Prologue,
     run_epilogue,
@@ -52,6 +45,7 @@ from ap_partitioner._report import (
     emit,
 )
 from ap_partitioner._rules import SavePlan, plan_saves
+from ap_partitioner._working_copy import working_copy
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +61,38 @@ class ReplayError(RuntimeError):
         self.missing = tuple(missing)
 
 
+def source_files() -> list[Path]:
+    """Every Python file of this package, found by globbing its directory (so a module that is
+    added, renamed or removed changes the hash without anyone updating a list)."""
+    return sorted(Path(__file__).parent.glob("*.py"))
+
+
 @functools.cache
 def source_hash() -> str:
     """sha256 over this package's own source files: any code change changes every uuid."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in source_files():
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def _min_cut(
+    joint: fx.GraphModule,
+    joint_inputs: Sequence[object],
+    compiler: str,
+    num_fwd_outputs: int,
+    static: list[int],
+) -> Partition:
+    """torch's ``min_cut_rematerialization_partition``, as Inductor calls it."""
+    fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
+        joint,
+        joint_inputs,
+        compiler,
+        num_fwd_outputs=num_fwd_outputs,
+        static_lifetime_input_indices=static,
+    )
+    return fw, bw
 
 
 class SaveAllPartitioner(CustomPartitionerFn):
@@ -98,9 +116,9 @@ class SaveAllPartitioner(CustomPartitionerFn):
         dce_unused_waits: bool = True,
     ) -> None:
         owner = type(self).__name__
-        self.strict = check_bool(owner, "strict", strict)
-        self.on_report = check_callback(owner, "on_report", on_report)
-        self.dce_unused_waits = check_bool(owner, "dce_unused_waits", dce_unused_waits)
+        self.strict = require_bool(strict, where=owner, arg="strict")
+        self.on_report = require_callable(on_report, where=owner, arg="on_report", optional=True)
+        self.dce_unused_waits = require_bool(dce_unused_waits, where=owner, arg="dce_unused_waits")
 
     def uuid(self) -> str:
         """Changes with this package's code and with every option that changes the output.
@@ -247,13 +265,7 @@ class SaveAllPartitioner(CustomPartitionerFn):
                 *notes,
                 f"MUST_RECOMPUTE dropped for the min-cut fallback: {', '.join(released)}",
             )
-        fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
-            joint,
-            joint_inputs,
-            compiler,
-            num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_indices=static,
-        )
+        fw, bw = _min_cut(joint, joint_inputs, compiler, num_fwd_outputs, static)
         extra = {
             "fell_back": True,
             "fallback_reason": reason,
@@ -270,7 +282,9 @@ class MinCutPartitioner(CustomPartitionerFn):
     name = "min_cut"
 
     def __init__(self, on_report: ReportCallback | None = None) -> None:
-        self.on_report = check_callback(type(self).__name__, "on_report", on_report)
+        self.on_report = require_callable(
+            on_report, where=type(self).__name__, arg="on_report", optional=True
+        )
 
     def uuid(self) -> str:
         return hashlib.sha256(f"{self.name};{source_hash()}".encode()).hexdigest()
@@ -281,15 +295,8 @@ class MinCutPartitioner(CustomPartitionerFn):
         gm, num_fwd_outputs, static, compiler = check_call(
             type(self).__name__, gm, joint_inputs, kwargs
         )
-        mod = _compat.partitioners()
         start = time.perf_counter()
-        fw, bw = mod.min_cut_rematerialization_partition(
-            gm,
-            joint_inputs,
-            compiler,
-            num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_indices=static,
-        )
+        fw, bw = _min_cut(gm, joint_inputs, compiler, num_fwd_outputs, static)
         report = build_report(
             self.name, fw, bw, num_fwd_outputs, partition_time_s=time.perf_counter() - start
         )
@@ -307,9 +314,9 @@ def report_for(
 ) -> PartitionReport:
     """Measure a partition produced elsewhere (e.g. torch's ``default_partition`` in the first
     compilation) with the same fields as the partitioners' own reports."""
-    check_module("report_for", "fw_module", fw_module)
-    check_module("report_for", "bw_module", bw_module)
-    check_count("report_for", "num_fwd_outputs", num_fwd_outputs)
+    require_graph_module(fw_module, where="report_for", arg="fw_module")
+    require_graph_module(bw_module, where="report_for", arg="bw_module")
+    require_int(num_fwd_outputs, where="report_for", arg="num_fwd_outputs", minimum=0)
     return build_report(
         partitioner, fw_module, bw_module, num_fwd_outputs, partition_time_s=partition_time_s
     )
