@@ -35,6 +35,9 @@ TESTED = describe_tested(TESTED_TORCH)
 
 @dataclass(frozen=True)
 class Case:
+    """One bad call: after ``setup(gm, monkeypatch)``, ``call(gm)`` raises ``exc`` and the
+    message holds every one of ``names``."""
+
     id: str
     call: Callable[[fx.GraphModule], object]
     exc: type[BaseException]
@@ -204,43 +207,48 @@ CASES += [
         setup=_set_meta("primals_1", "recompute", CheckpointPolicy.MUST_RECOMPUTE),
     ),
 ]
+
+
+def _misuse(
+    id: str, call: Callable[[fx.GraphModule], object], *words: str, exc: type[Exception] = TypeError
+) -> Case:
+    """A public function given a bad argument: the message names the function (``id``'s first
+    part) and ``words``."""
+    return Case(id, call, exc, (id.split("/")[0], *words))
+
+
 # other public functions
 CASES += [
-    Case(
+    _misuse(
         "report_for/fw_module=str",
         lambda gm: AP.report_for("fw", gm, 1),
-        TypeError,  # type: ignore[arg-type]
-        ("report_for", "fw_module", "GraphModule", "str"),
+        "fw_module",
+        "GraphModule",
+        "str",
     ),
-    Case(
-        "report_for/bw_module=None",
-        lambda gm: AP.report_for(gm, None, 1),
-        TypeError,  # type: ignore[arg-type]
-        ("report_for", "bw_module", "NoneType"),
+    _misuse(
+        "report_for/bw_module=None", lambda gm: AP.report_for(gm, None, 1), "bw_module", "NoneType"
     ),
-    Case(
+    _misuse(
         "report_for/num_fwd_outputs=str",
         lambda gm: AP.report_for(gm, gm, "1"),
-        TypeError,  # type: ignore[arg-type]
-        ("report_for", "num_fwd_outputs", "'1'"),
+        "num_fwd_outputs",
+        "'1'",
     ),
-    Case(
-        "plan_saves/candidates=int",
-        lambda gm: AP.plan_saves(3),
-        TypeError,  # type: ignore[arg-type]
-        ("plan_saves", "candidates", "int"),
+    _misuse(
+        "report_for/num_fwd_outputs=-1",
+        lambda gm: AP.report_for(gm, gm, -1),
+        ">= 0",
+        "-1",
+        exc=ValueError,
     ),
-    Case(
-        "plan_saves/candidates=strs",
-        lambda gm: AP.plan_saves(["a"]),
-        TypeError,  # type: ignore[list-item]
-        ("plan_saves", "torch.fx.Node", "str"),
-    ),
-    Case(
+    _misuse("plan_saves/candidates=int", lambda gm: AP.plan_saves(3), "candidates", "int"),
+    _misuse("plan_saves/candidates=strs", lambda gm: AP.plan_saves(["a"]), "torch.fx.Node", "str"),
+    _misuse(
         "is_all_gather_output/node=str",
         lambda gm: AP.is_all_gather_output("a"),
-        TypeError,  # type: ignore[arg-type]
-        ("is_all_gather_output", "torch.fx.Node", "str"),
+        "torch.fx.Node",
+        "str",
     ),
 ]
 # unsupported torch: a partitioner internal disappears / the side-effect registry changes shape
@@ -305,9 +313,8 @@ def test_bad_input_raises_package_error_naming_the_culprit(
         before = snapshot(gm)
         with pytest.raises(case.exc) as info:
             case.call(gm)
-    message = str(info.value)
-    for word in case.names:
-        assert word in message, f"{word!r} not in {message!r}"
+    unnamed = [word for word in case.names if word not in str(info.value)]
+    assert not unnamed, f"{unnamed} not in {info.value!s}"
     assert snapshot(gm) == before, "a refusing entry point modified the graph"
     assert not AP.wait_tensor_dce().active
 

@@ -9,16 +9,27 @@ range ``ValueError`` (the convention of :mod:`ap_tags.checks`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.fx as fx
 from ap_tags.checks import describe, require_graph_module, require_instance, require_int
 
 
+class PartitionCall(NamedTuple):
+    """One validated partitioner call."""
+
+    gm: fx.GraphModule
+    joint_inputs: Sequence[object]
+    num_fwd_outputs: int
+    static: list[int]  # static_lifetime_input_indices
+    compiler: str
+
+
 def check_call(
     owner: str, gm: object, joint_inputs: object, kwargs: dict[str, Any]
-) -> tuple[fx.GraphModule, int, list[int], str]:
-    """Validate one partitioner call; return ``(gm, num_fwd_outputs, static indices, compiler)``.
+) -> PartitionCall:
+    """Validate one partitioner call (``kwargs`` are the call's keywords; the known ones are
+    popped).
 
     Inductor/AOTAutograd pass ``num_fwd_outputs`` (required), ``static_lifetime_input_indices``
     and ``compiler`` (which ``default_partition`` does not accept, so it is popped here).
@@ -49,7 +60,7 @@ def check_call(
     compiler = require_instance(
         kwargs.pop("compiler", "inductor"), str, where=owner, arg="compiler", expected="a str"
     )
-    return module, num_fwd_outputs, list(static), compiler
+    return PartitionCall(module, joint_inputs, num_fwd_outputs, list(static), compiler)
 
 
 def _output_count(gm: fx.GraphModule) -> int:

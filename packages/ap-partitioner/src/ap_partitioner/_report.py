@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch.fx as fx
 from ap_tags.graph import is_all_gather, is_all_gather_output, is_collective, node_nbytes
@@ -77,14 +78,13 @@ def build_report(
     fw_module: fx.GraphModule,
     bw_module: fx.GraphModule,
     num_fwd_outputs: int,
-    *,
-    partition_time_s: float = 0.0,
-    fell_back: bool = False,
-    fallback_reason: str | None = None,
-    missing_values: tuple[str, ...] = (),
-    notes: tuple[str, ...] = (),
+    **outcome: Any,
 ) -> PartitionReport:
-    """Measure a finished partition (any partitioner's) into a ``PartitionReport``."""
+    """Measure a finished partition (any partitioner's) into a ``PartitionReport``.
+
+    ``outcome`` holds the fields the graphs cannot tell (``partition_time_s``, ``fell_back``,
+    ``fallback_reason``, ``missing_values``, ``notes``); an unknown field is a ``TypeError``.
+    """
     mod = _compat.partitioners()
     saved = _saved_outputs(fw_module, num_fwd_outputs)
     syms = [n for n in saved if mod.is_sym_node(n)]
@@ -108,18 +108,7 @@ def build_report(
         opaque_count=len(opaques),
         backward_collectives=n_coll,
         backward_all_gathers=n_ag,
-        partition_time_s=partition_time_s,
-        fell_back=fell_back,
-        fallback_reason=fallback_reason,
-        missing_values=missing_values,
-        notes=notes,
-    )
-
-
-def fallback_report(partitioner: str, reason: str, partition_time_s: float) -> PartitionReport:
-    """A report for a call that delegated without a backward to measure (inference graphs)."""
-    return PartitionReport(
-        partitioner=partitioner, partition_time_s=partition_time_s, notes=(reason,)
+        **outcome,
     )
 
 
