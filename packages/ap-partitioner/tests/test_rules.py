@@ -469,3 +469,8 @@ def test_fallback_drops_the_unsatisfiable_recompute_tag_for_min_cut(simple: Simp
     _, bw, rep = partition(_uncuttable(simple))
     assert rep.fell_back and any("primals_1" in note for note in rep.notes)
     bw.graph.lint()
+
+
+def test_is_all_gather_output_is_the_shared_vocabulary() -> None:
+    """One definition: the re-export is ap-tags' predicate itself, not a local copy."""
+    assert ap_partitioner.is_all_gather_output is ap_tags.graph.is_all_gather_output
