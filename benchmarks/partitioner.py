@@ -29,13 +29,10 @@ from typing import Any
 
 import torch
 from ap_partitioner import MinCutPartitioner, PartitionReport, SaveAllPartitioner
+from ap_testing.distributed import fake_world
+from ap_testing.two_stage import CapturedJoint
 
-from benchmarks.partitioner_model import (
-    CapturedJoint,
-    fake_process_group,
-    first_compile,
-    second_compile,
-)
+from benchmarks.partitioner_model import first_compile, second_compile
 
 REPEATS = 5
 
@@ -180,7 +177,7 @@ def _memory(layers: list[int]) -> list[dict[str, Any]]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    with fake_process_group():
+    with fake_world():
         timing = _timing([4, 8] if quick else [4, 8, 16, 32], REPEATS)
         memory = _memory([2, 4] if quick else [2, 4, 8])
     return {"repeats": REPEATS, "timing": timing, "memory": memory}

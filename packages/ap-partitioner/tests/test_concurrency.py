@@ -15,15 +15,9 @@ import torch
 import torch.distributed._functional_collectives  # noqa: F401  (registers the waits)
 import torch.fx.node
 from ap_partitioner import wait_tensor_dce
-from ap_partitioner._dce import is_active
+from ap_testing.concurrency import Boom, hammer
 
 c10d = torch.ops._c10d_functional
-THREADS = 16
-ROUNDS = 60
-
-
-class Boom(Exception):
-    pass
 
 
 def _registry() -> set[object]:
@@ -34,8 +28,6 @@ def test_many_threads_entering_nesting_and_raising_restore_the_registry() -> Non
     registry = _registry()
     before = set(registry)
     violations: list[str] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(THREADS)
 
     def body(depth: int, rng: random.Random) -> None:
         if c10d.wait_tensor.default in _registry():
@@ -46,28 +38,13 @@ def test_many_threads_entering_nesting_and_raising_restore_the_registry() -> Non
         if rng.random() < 0.25:
             raise Boom()
 
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        start.wait()
-        try:
-            for _ in range(ROUNDS):
-                try:
-                    with wait_tensor_dce():
-                        body(0, rng)
-                except Boom:
-                    pass
-        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
-            errors.append(exc)
+    def one_round(rng: random.Random) -> None:
+        with wait_tensor_dce():
+            body(0, rng)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads)
-    assert not errors, errors
+    hammer(one_round, threads=16, rounds=60)
     assert not violations, violations[:3]
-    assert not is_active()
+    assert not wait_tensor_dce().active
     assert _registry() is registry and set(registry) == before
     assert c10d.wait_tensor.default in registry
 
@@ -91,13 +68,13 @@ def test_dce_inside_scope_in_one_thread_while_another_leaves() -> None:
     outer_left.set()
     t.join(timeout=10)
     assert seen == [False]
-    assert c10d.wait_tensor.default in _registry() and not is_active()
+    assert c10d.wait_tensor.default in _registry() and not wait_tensor_dce().active
 
 
-def test_exception_escaping_every_level_restores(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exception_escaping_every_level_restores() -> None:
     before = set(_registry())
     with pytest.raises(Boom):
         with wait_tensor_dce():
             with wait_tensor_dce():
                 raise Boom()
-    assert set(_registry()) == before and not is_active()
+    assert set(_registry()) == before and not wait_tensor_dce().active

@@ -10,7 +10,6 @@ import torch.distributed._functional_collectives  # noqa: F401  (registers the w
 import torch.fx as fx
 import torch.fx.node
 from ap_partitioner import wait_tensor_dce
-from ap_partitioner._dce import is_active
 
 c10d = torch.ops._c10d_functional
 
@@ -64,7 +63,7 @@ def test_restored_when_the_body_raises() -> None:
     before = _snapshot()
     with pytest.raises(ValueError), wait_tensor_dce():
         raise ValueError("boom")
-    assert _snapshot() == before and not is_active()
+    assert _snapshot() == before and not wait_tensor_dce().active
 
 
 def test_nested_exit_keeps_the_outer_scope_active() -> None:
@@ -105,4 +104,4 @@ def test_threads_share_one_refcounted_scope() -> None:
     release.set()
     for t in threads:
         t.join()
-    assert _snapshot() == before and not is_active()
+    assert _snapshot() == before and not wait_tensor_dce().active

@@ -7,8 +7,6 @@ graph exactly as it was (code and every node's meta).
 
 from __future__ import annotations
 
-import copy
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,56 +19,25 @@ import torch._functorch.partitioners as torch_partitioners
 import torch.fx as fx
 import torch.fx.node
 from ap_partitioner import (
+    TESTED_TORCH,
     MinCutPartitioner,
     ReplayError,
     SaveAllPartitioner,
     UnsupportedTorchError,
 )
+from ap_tags.scoped import quiet_logger
+from ap_tags.torch_support import describe_tested
+from ap_testing.graphs import snapshot
 from torch.utils.checkpoint import CheckpointPolicy
 
-aten = torch.ops.aten
-RANGE = ">=2.13,<2.16"
-
-
-def _simple() -> fx.GraphModule:
-    """fwd: add = x + x (user output); bwd: mul(sin(add), tangent)."""
-    g = fx.Graph()
-
-    def op(target: Any, args: tuple[Any, ...], name: str) -> fx.Node:
-        n = g.call_function(target, args, name=name)
-        n.meta["val"] = target(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args))
-        return n
-
-    x = g.placeholder("primals_1")
-    x.meta["val"] = torch.randn(4)
-    t = g.placeholder("tangents_1")
-    t.meta["val"] = torch.randn(4)
-    add = op(aten.add.Tensor, (x, x), "add_tensor")
-    sin = op(aten.sin.default, (add,), "sin")
-    grad = op(aten.mul.Tensor, (sin, t), "mul")
-    out = g.output((add, grad))
-    out.meta["desc"] = [None, None]
-    return fx.GraphModule(torch.nn.Module(), g)
-
-
-def _meta_form(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.dtype)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(_meta_form(v) for v in value))
-    if isinstance(value, dict):
-        return {k: _meta_form(v) for k, v in value.items()}
-    return copy.deepcopy(value)
-
-
-def snapshot(gm: fx.GraphModule) -> tuple[str, list[tuple[str, Any]]]:
-    return gm.graph.python_code("self").src, [
-        (n.name, _meta_form(dict(n.meta))) for n in gm.graph.nodes
-    ]
+TESTED = describe_tested(TESTED_TORCH)
 
 
 @dataclass(frozen=True)
 class Case:
+    """One bad call: after ``setup(gm, monkeypatch)``, ``call(gm)`` raises ``exc`` and the
+    message holds every one of ``names``."""
+
     id: str
     call: Callable[[fx.GraphModule], object]
     exc: type[BaseException]
@@ -240,43 +207,48 @@ CASES += [
         setup=_set_meta("primals_1", "recompute", CheckpointPolicy.MUST_RECOMPUTE),
     ),
 ]
+
+
+def _misuse(
+    id: str, call: Callable[[fx.GraphModule], object], *words: str, exc: type[Exception] = TypeError
+) -> Case:
+    """A public function given a bad argument: the message names the function (``id``'s first
+    part) and ``words``."""
+    return Case(id, call, exc, (id.split("/")[0], *words))
+
+
 # other public functions
 CASES += [
-    Case(
+    _misuse(
         "report_for/fw_module=str",
         lambda gm: AP.report_for("fw", gm, 1),
-        TypeError,  # type: ignore[arg-type]
-        ("report_for", "fw_module", "GraphModule", "str"),
+        "fw_module",
+        "GraphModule",
+        "str",
     ),
-    Case(
-        "report_for/bw_module=None",
-        lambda gm: AP.report_for(gm, None, 1),
-        TypeError,  # type: ignore[arg-type]
-        ("report_for", "bw_module", "NoneType"),
+    _misuse(
+        "report_for/bw_module=None", lambda gm: AP.report_for(gm, None, 1), "bw_module", "NoneType"
     ),
-    Case(
+    _misuse(
         "report_for/num_fwd_outputs=str",
         lambda gm: AP.report_for(gm, gm, "1"),
-        TypeError,  # type: ignore[arg-type]
-        ("report_for", "num_fwd_outputs", "'1'"),
+        "num_fwd_outputs",
+        "'1'",
     ),
-    Case(
-        "plan_saves/candidates=int",
-        lambda gm: AP.plan_saves(3),
-        TypeError,  # type: ignore[arg-type]
-        ("plan_saves", "candidates", "int"),
+    _misuse(
+        "report_for/num_fwd_outputs=-1",
+        lambda gm: AP.report_for(gm, gm, -1),
+        ">= 0",
+        "-1",
+        exc=ValueError,
     ),
-    Case(
-        "plan_saves/candidates=strs",
-        lambda gm: AP.plan_saves(["a"]),
-        TypeError,  # type: ignore[list-item]
-        ("plan_saves", "torch.fx.Node", "str"),
-    ),
-    Case(
+    _misuse("plan_saves/candidates=int", lambda gm: AP.plan_saves(3), "candidates", "int"),
+    _misuse("plan_saves/candidates=strs", lambda gm: AP.plan_saves(["a"]), "torch.fx.Node", "str"),
+    _misuse(
         "is_all_gather_output/node=str",
         lambda gm: AP.is_all_gather_output("a"),
-        TypeError,  # type: ignore[arg-type]
-        ("is_all_gather_output", "torch.fx.Node", "str"),
+        "torch.fx.Node",
+        "str",
     ),
 ]
 # unsupported torch: a partitioner internal disappears / the side-effect registry changes shape
@@ -291,7 +263,7 @@ for internal in (
             f"SaveAllPartitioner/no_{internal}",
             _save_all(),
             UnsupportedTorchError,
-            (internal, RANGE),
+            (internal, TESTED),
             setup=_without(internal),
         )
     )
@@ -300,7 +272,7 @@ CASES.append(
         "MinCutPartitioner/no_min_cut",
         lambda gm: MinCutPartitioner()(gm, [], num_fwd_outputs=1),
         UnsupportedTorchError,
-        ("min_cut_rematerialization_partition", RANGE),
+        ("min_cut_rematerialization_partition", TESTED),
         setup=_without("min_cut_rematerialization_partition"),
     )
 )
@@ -309,7 +281,7 @@ CASES.append(
         "wait_tensor_dce/registry_not_a_set",
         lambda gm: AP.wait_tensor_dce().__enter__(),
         UnsupportedTorchError,
-        ("_side_effectful_functions", RANGE),
+        ("_side_effectful_functions", TESTED),
         setup=_registry_not_a_set,
     )
 )
@@ -318,7 +290,7 @@ CASES.append(
         "SaveAllPartitioner/registry_not_a_set",
         _save_all(),
         UnsupportedTorchError,
-        ("_side_effectful_functions", RANGE),
+        ("_side_effectful_functions", TESTED),
         setup=_registry_not_a_set,
     )
 )
@@ -326,29 +298,25 @@ CASES.append(
 
 @pytest.fixture(autouse=True)
 def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("ap_partitioner")
-    previous = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(previous)
+    with quiet_logger("ap_partitioner"):  # fallback warnings are expected here
+        yield
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_raises_package_error_naming_the_culprit(
-    case: Case, monkeypatch: pytest.MonkeyPatch
+    case: Case, simple: Callable[[], fx.GraphModule], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gm = _simple()
+    gm = simple()
     with monkeypatch.context() as mp:
         if case.setup is not None:
             case.setup(gm, mp)
         before = snapshot(gm)
         with pytest.raises(case.exc) as info:
             case.call(gm)
-    message = str(info.value)
-    for word in case.names:
-        assert word in message, f"{word!r} not in {message!r}"
+    unnamed = [word for word in case.names if word not in str(info.value)]
+    assert not unnamed, f"{unnamed} not in {info.value!s}"
     assert snapshot(gm) == before, "a refusing entry point modified the graph"
-    assert not AP.dce.is_active()
+    assert not AP.wait_tensor_dce().active
 
 
 def test_catalogue_size() -> None:
@@ -373,14 +341,30 @@ def test_catalogue_size() -> None:
     ],
 )
 def test_non_strict_never_raises_on_bad_tags(
-    setup: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+    setup: Callable[..., None],
+    simple: Callable[[], fx.GraphModule],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Regression: malformed tags used to reach min-cut, which crashed on them
     (``'str' object has no attribute 'get'``, "Node ... was invalid, but is output")."""
-    gm = _simple()
+    gm = simple()
     setup(gm, monkeypatch)
     reports: list[AP.PartitionReport] = []
     fw, bw = SaveAllPartitioner(on_report=reports.append)(gm, [], num_fwd_outputs=1)
     fw.graph.lint()
     bw.graph.lint()
     assert reports[0].fell_back and reports[0].fallback_reason
+
+
+def test_unsupported_torch_error_follows_the_shared_convention(
+    simple: Callable[[], fx.GraphModule], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One error type per package, deriving from ap-tags' convention and carrying the package,
+    the missing internal and the tested versions."""
+    monkeypatch.delattr(torch_partitioners, "classify_nodes")
+    with pytest.raises(ap_tags.torch_support.UnsupportedTorchError) as info:
+        SaveAllPartitioner()(simple(), [], num_fwd_outputs=1)
+    assert type(info.value) is UnsupportedTorchError
+    assert info.value.package == "ap-partitioner"
+    assert info.value.internal == "torch._functorch.partitioners.classify_nodes"
+    assert info.value.tested == TESTED_TORCH

@@ -10,45 +10,33 @@ saying so.
 
 from __future__ import annotations
 
-import logging
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import ap_tags
 import pytest
 import torch
 from ap_partitioner import PartitionReport, ReplayError, SaveAllPartitioner
+from ap_tags.scoped import quiet_logger
+from ap_testing.graphs import snapshot
+from ap_testing.joints import RandomJoint, random_joints, run, run_partition
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _partitioner_randgraph import (  # noqa: E402
-    RandomJoint,
-    random_joints,
-    run,
-    run_partition,
-    snapshot,
-)
 
 SAFETY = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 
 
 @pytest.fixture(autouse=True)
 def _quiet_fallback_warnings() -> Iterator[None]:
-    """Fallback warnings are expected here by the hundred; restore the level afterwards."""
-    logger = logging.getLogger("ap_partitioner")
-    previous = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(previous)
+    """Fallback warnings are expected here by the hundred."""
+    with quiet_logger("ap_partitioner"):
+        yield
 
 
 @SAFETY
-@given(random_joints(), st.booleans())
+@given(random_joints(layout="joint"), st.booleans())
 def test_save_all_partitioner_is_safe(joint: RandomJoint, strict: bool) -> None:
     before = snapshot(joint.gm)
-    reference = run(joint.gm, joint.inputs) if joint.executable else None
+    expected = run(joint.gm, joint.inputs) if joint.executable else None
     reports: list[PartitionReport] = []
     partitioner = SaveAllPartitioner(strict=strict, on_report=reports.append)
     try:
@@ -66,10 +54,10 @@ def test_save_all_partitioner_is_safe(joint: RandomJoint, strict: bool) -> None:
         assert report.fell_back and "malformed tags" in (report.fallback_reason or "")
     if report.fell_back:
         assert not strict and report.fallback_reason
-    if reference is not None:
+    if expected is not None:
         fw_out, grads = run_partition(fw, bw, joint)
-        want_fw = reference[: joint.num_fwd_outputs]
-        want_bw = reference[joint.num_fwd_outputs :]
+        want_fw = expected[: joint.num_fwd_outputs]
+        want_bw = expected[joint.num_fwd_outputs :]
         for got, want in zip(fw_out, want_fw, strict=True):
             torch.testing.assert_close(got, want)
         for got, want in zip(grads, want_bw, strict=True):
@@ -80,7 +68,7 @@ _SEEN: set[str] = set()
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
-@given(random_joints())
+@given(random_joints(layout="joint"))
 def _observe(joint: RandomJoint) -> None:
     reports: list[PartitionReport] = []
     SaveAllPartitioner(on_report=reports.append)(

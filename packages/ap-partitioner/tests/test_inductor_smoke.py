@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
-
-import ap_tags
 import pytest
 import torch
 import torch.nn as nn
 from ap_partitioner import PartitionReport, SaveAllPartitioner
+from ap_testing.two_stage import first_compile
 
 
 class MLP(nn.Module):
@@ -22,36 +19,11 @@ class MLP(nn.Module):
         return self.b(torch.relu(self.a(x)).sin()).pow(2).mean()
 
 
-class FirstCompiled(nn.Module):
-    def __init__(self, model: nn.Module, fn: Any, order: list[str]) -> None:
-        super().__init__()
-        self.model, self.fn, self.order = model, fn, order
-
-    def forward(self, x: torch.Tensor) -> Any:
-        params = dict(self.model.named_parameters())
-        return self.fn(*[params[n] for n in self.order], x)
-
-
 @pytest.mark.slow
 def test_inductor_forward_backward_with_save_all() -> None:
-    from torch._functorch.aot_autograd import (
-        aot_compile_joint_with_descriptors,
-        aot_export_joint_with_descriptors,
-    )
-    from torch._functorch.partitioners import default_partition
-
     torch.manual_seed(0)
     model, x = MLP(), torch.randn(8, 16)
-    with contextlib.ExitStack() as stack:
-        jd = aot_export_joint_with_descriptors(stack, model, (x,))
-        fn = aot_compile_joint_with_descriptors(
-            jd,
-            partition_fn=default_partition,
-            fw_compiler=ap_tags.preserve_meta_compiler(tag_forward=True),
-            bw_compiler=ap_tags.preserve_meta_compiler(),
-        )
-        order = list(jd.params_spec)
-    first = FirstCompiled(model, fn, order)
+    first = first_compile(model, x).module
 
     reports: list[PartitionReport] = []
     torch._dynamo.reset()

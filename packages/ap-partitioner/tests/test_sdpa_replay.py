@@ -19,9 +19,7 @@ No process group, no codegen: identity compilers, CPU, seconds.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import ap_tags
@@ -31,6 +29,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 from ap_partitioner import PartitionReport, SaveAllPartitioner, _compat, report_for
+from ap_testing.two_stage import First, first_compile, second_compile
 
 SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 STAGE_GIB = 5e-6  # small enough that AC stages put SDPA in a recomputed region
@@ -64,78 +63,16 @@ class Model(nn.Module):
         return x.pow(2).mean()
 
 
-class FirstCompiled(nn.Module):
-    def __init__(self, model: nn.Module, fn: Callable[..., Any], order: list[str]) -> None:
-        super().__init__()
-        self.model, self.fn, self.order = model, fn, order
-
-    def forward(self, x: torch.Tensor) -> Any:
-        params = dict(self.model.named_parameters())
-        return self.fn(*[params[n] for n in self.order], x)
+def _first(model: nn.Module, x: torch.Tensor) -> First:
+    """The first compilation with AC staging (the joint pass runs at partition time)."""
+    with torch._functorch.config.patch(joint_custom_pass=ap_tags.ac_joint_pass(STAGE_GIB)):
+        return first_compile(model, x)
 
 
-def _boxed_identity(gm: fx.GraphModule, _example_inputs: Any) -> Any:
-    from functorch.compile import make_boxed_func
-
-    return make_boxed_func(gm)
-
-
-def first_compile(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, PartitionReport, Any]:
-    """Export, AC-stage and ``default_partition`` the joint; tag the forward for the replay."""
-    from torch._functorch.aot_autograd import (
-        aot_compile_joint_with_descriptors,
-        aot_export_joint_with_descriptors,
-    )
-    from torch._functorch.partitioners import default_partition
-
-    seen: dict[str, Any] = {}
-
-    def partition(gm: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
-        kw.pop("compiler", None)
-        fw, bw = default_partition(gm, joint_inputs, **kw)
-        seen["report"] = report_for(fw, bw, kw["num_fwd_outputs"], partitioner="first")
-        seen["bw"] = bw
-        return fw, bw
-
-    with contextlib.ExitStack() as stack:
-        jd = aot_export_joint_with_descriptors(stack, model, (x,))
-        with torch._functorch.config.patch(joint_custom_pass=ap_tags.ac_joint_pass(STAGE_GIB)):
-            fn = aot_compile_joint_with_descriptors(
-                jd,
-                partition_fn=partition,
-                fw_compiler=ap_tags.preserve_meta_compiler(tag_forward=True),
-                bw_compiler=ap_tags.preserve_meta_compiler(),
-            )
-        order = list(jd.params_spec)
-    return FirstCompiled(model, fn, order), seen["report"], seen["bw"]
-
-
-def second_compile(first: nn.Module, x: torch.Tensor) -> tuple[PartitionReport, fx.GraphModule]:
-    from torch._functorch.aot_autograd import aot_module_simplified
-
+def _second(first: First) -> tuple[PartitionReport, fx.GraphModule]:
     reports: list[PartitionReport] = []
-    graphs: list[fx.GraphModule] = []
-    partitioner = SaveAllPartitioner(strict=True, on_report=reports.append)
-
-    def capture(gm: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
-        fw, bw = partitioner(gm, joint_inputs, **kw)
-        graphs.append(fw)
-        return fw, bw
-
-    def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
-        return aot_module_simplified(
-            gm,
-            example_inputs,
-            fw_compiler=_boxed_identity,
-            bw_compiler=_boxed_identity,
-            partition_fn=capture,
-        )
-
+    graphs = second_compile(first, SaveAllPartitioner(strict=True, on_report=reports.append))
     torch._dynamo.reset()
-    try:
-        torch.compile(first, backend=backend, fullgraph=True)(x).backward()
-    finally:
-        torch._dynamo.reset()
     assert len(reports) == 1 and len(graphs) == 1
     return reports[0], graphs[0]
 
@@ -158,10 +95,10 @@ def _count(gm: fx.GraphModule, target: Any) -> int:
 @pytest.fixture(scope="module")
 def two_stage() -> dict[str, Any]:
     torch.manual_seed(0)
-    model, x = Model(), torch.randn(2, 8, 32)
-    first, first_report, first_bw = first_compile(model, x)
-    report, fw = second_compile(first, x)
-    return {"first": first_report, "first_bw": first_bw, "report": report, "fw": fw}
+    first = _first(Model(), torch.randn(2, 8, 32))
+    first_report = report_for(first.fw, first.bw, first.num_fwd_outputs, partitioner="first")
+    report, fw = _second(first)
+    return {"first": first_report, "first_bw": first.bw, "report": report, "fw": fw}
 
 
 def test_first_backward_recomputes_sdpa(two_stage: dict[str, Any]) -> None:

@@ -1,6 +1,13 @@
-"""Save-all partitioner that replays the first compilation's saved set (SPEC §4)."""
+"""Save-all partitioner that replays the first compilation's saved set.
 
-from ap_partitioner._compat import SUPPORTED_TORCH, UnsupportedTorchError
+The save rules are in ``docs/architecture.md``, "Save rules". Every private torch name the
+package touches is behind ``ap_partitioner._compat``; ``TESTED_TORCH`` lists the torch versions
+it is tested on and :class:`UnsupportedTorchError` names an internal a torch lacks.
+"""
+
+from ap_tags.graph import is_all_gather_output
+
+from ap_partitioner._compat import TESTED_TORCH, UnsupportedTorchError
 from ap_partitioner._dce import wait_tensor_dce
 from ap_partitioner._partitioner import (
     MinCutPartitioner,
@@ -8,13 +15,13 @@ from ap_partitioner._partitioner import (
     SaveAllPartitioner,
     report_for,
 )
-from ap_partitioner._report import PartitionReport, is_all_gather_output
+from ap_partitioner._report import PartitionReport
 from ap_partitioner._rules import SavePlan, plan_saves
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "SUPPORTED_TORCH",
+    "TESTED_TORCH",
     "MinCutPartitioner",
     "PartitionReport",
     "ReplayError",

@@ -1,27 +1,40 @@
-"""The torch internals this package touches, resolved once and feature-detected.
+"""Every private torch name ap-partitioner uses, looked up at call time and feature-detected.
 
-Every private torch name the partitioner needs is looked up here, so a torch release that moves
-one fails with a message naming the missing internal and the supported range instead of an
-``AttributeError`` deep inside a compile. Version differences (2.14's ``fx_graph_cse`` key,
-2.15's ``wait_tensors``) are decided by feature detection, never by version strings.
+See :mod:`ap_tags.torch_support` for the convention all ap packages follow. A torch release that
+moves one of these internals fails with this package's :class:`UnsupportedTorchError` naming the
+internal and the tested torch versions, instead of an ``AttributeError`` deep inside a compile.
+Version differences (2.14's ``fx_graph_cse`` key, 2.15's ``wait_tensors``, 2.14's
+``is_rng_op``) are decided by feature detection, never by version strings.
+
+The one exception to "looked up at call time" is :data:`CustomPartitionerFn`, the base class of
+the partitioners, which is needed when their classes are defined.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
-import operator
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
+from ap_tags import torch_support
+from ap_tags.graph import op_overload
 
-SUPPORTED_TORCH = ">=2.13,<2.16"
+#: The torch versions ap-partitioner is tested on (the only place they are written).
+TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+
+
+class UnsupportedTorchError(torch_support.UnsupportedTorchError):
+    """A torch internal ap-partitioner relies on is missing from the installed torch."""
+
+
+SUPPORT = torch_support.TorchSupport("ap-partitioner", TESTED_TORCH, UnsupportedTorchError)
 
 #: Names ``torch._functorch.partitioners`` must provide (present in 2.13.0, 2.14.1 and 2.15.0).
+_PARTITIONERS = "torch._functorch.partitioners"
 _PARTITIONER_NAMES = (
     "_extract_fwd_bwd_modules",
     "_extract_fwd_bwd_outputs",
@@ -29,10 +42,8 @@ _PARTITIONER_NAMES = (
     "_is_assert_only_symbool",
     "_is_backward_state",
     "_is_bwd_seed_offset",
-    "_is_primal",
     "_is_tangent",
     "_must_be_in_forward",
-    "_size_of",
     "classify_nodes",
     "cleanup_recompute_tags",
     "default_partition",
@@ -53,8 +64,39 @@ _PARTITIONER_NAMES = (
 )
 
 
-class UnsupportedTorchError(RuntimeError):
-    """A torch internal the partitioner relies on is missing from the installed torch."""
+# --------------------------------------------------------------------------- partitioner base
+
+
+class _PartitionerBase:
+    """Stand-in base class for a torch without ``CustomPartitionerFn`` (none of the tested
+    ones): the partitioners still work as an AOTAutograd ``partition_fn``."""
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        raise NotImplementedError
+
+    def uuid(self) -> Any:
+        raise NotImplementedError
+
+
+def _partitioner_base() -> type:
+    try:
+        base: type = SUPPORT.attr("torch._inductor.custom_graph_pass", "CustomPartitionerFn")
+    except UnsupportedTorchError:
+        return _PartitionerBase
+    return base
+
+
+if TYPE_CHECKING:
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn as CustomPartitionerFn
+else:
+    #: ``torch._inductor.custom_graph_pass.CustomPartitionerFn``: what Inductor's
+    #: ``custom_partitioner_fn`` must be an instance of.
+    CustomPartitionerFn = _partitioner_base()
+
+
+# --------------------------------------------------------------------------- partitioners
 
 
 def partitioners() -> ModuleType:
@@ -62,46 +104,19 @@ def partitioners() -> ModuleType:
 
     Looked up at call time (not import time) so tests may monkeypatch torch's module.
     """
-    from torch._functorch import partitioners as mod
-
-    missing = [name for name in _PARTITIONER_NAMES if not hasattr(mod, name)]
-    if missing:
-        raise UnsupportedTorchError(
-            f"ap-partitioner needs torch{SUPPORTED_TORCH}; torch {torch.__version__} lacks "
-            f"torch._functorch.partitioners.{', '.join(missing)}"
-        )
-    return mod
+    return SUPPORT.attrs(_PARTITIONERS, _PARTITIONER_NAMES)
 
 
-def deferred_codegen_module(
-    root: fx.GraphModule, graph: fx.Graph, class_name: str
-) -> fx.GraphModule:
-    """A GraphModule over ``graph`` whose Python code is generated on first use, not now.
-
-    The partitioner's working joint module is never run: torch's prologue and extraction only
-    read its graph, yet an eager ``GraphModule`` regenerates and ``exec``s its code on
-    construction and on every ``graph`` assignment (seconds on large joints). torch's own
-    ``_LazyGraphModule`` defers that; where it is missing we fall back to an eager module.
-    """
-    try:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-    except ImportError:  # pragma: no cover - present in every supported torch
-        return fx.GraphModule(root, graph, class_name)
-    return _LazyGraphModule(root, graph, class_name)
-
-
-def is_with_effects(node: fx.Node) -> bool:
-    """True for a ``with_effects`` node (an effectful op threaded through a token)."""
-    from torch._functorch._aot_autograd.utils import is_with_effects as _is_with_effects
-
-    return bool(_is_with_effects(node))
+def functorch_config() -> Any:
+    """``torch._functorch.config``: ``cse`` and ``unsafe_allow_optimization_of_collectives``
+    decide what torch's min-cut prologue does, so the replay's prologue reads them too."""
+    return SUPPORT.module("torch._functorch.config")
 
 
 @functools.cache
 def _cse_takes_node_key() -> bool:
     """2.14 added ``extra_node_key`` to ``fx_graph_cse``; 2.13 takes the graph only."""
-    from torch._functorch.compile_utils import fx_graph_cse
-
+    fx_graph_cse = SUPPORT.attr("torch._functorch.compile_utils", "fx_graph_cse")
     return "extra_node_key" in inspect.signature(fx_graph_cse).parameters
 
 
@@ -130,6 +145,42 @@ def joint_graph_cse(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.Gr
     return mod.fx_graph_cse(graph, extra_node_key=deps.__contains__)  # type: ignore[no-any-return]
 
 
+def is_with_effects(node: fx.Node) -> bool:
+    """True for a ``with_effects`` node (an effectful op threaded through a token)."""
+    check = SUPPORT.attr("torch._functorch._aot_autograd.utils", "is_with_effects")
+    return bool(check(node))
+
+
+# --------------------------------------------------------------------------- graph modules
+
+
+def deferred_codegen_module(
+    root: fx.GraphModule, graph: fx.Graph, class_name: str
+) -> fx.GraphModule:
+    """A GraphModule over ``graph`` whose Python code is generated on first use, not now.
+
+    The partitioner's working joint module is never run: torch's prologue and extraction only
+    read its graph, yet an eager ``GraphModule`` regenerates and ``exec``s its code on
+    construction and on every ``graph`` assignment (seconds on large joints). torch's own
+    ``_LazyGraphModule`` defers that; where it is missing we fall back to an eager module.
+    """
+    try:
+        lazy = SUPPORT.attr("torch.fx._lazy_graph_module", "_LazyGraphModule")
+    except UnsupportedTorchError:  # pragma: no cover - present in every tested torch
+        return fx.GraphModule(root, graph, class_name)
+    module: fx.GraphModule = lazy(root, graph, class_name)
+    return module
+
+
+def copy_codegen(source: fx.Graph, target: fx.Graph) -> None:
+    """Give ``target`` the code generator of ``source`` (``Graph._codegen``: how inputs and
+    outputs are flattened), so a node-by-node copy generates the same calling convention."""
+    target.set_codegen(source._codegen)
+
+
+# --------------------------------------------------------------------------- side effects
+
+
 def wait_ops() -> tuple[Any, ...]:
     """The functional-collective wait ops (packets and overloads) this torch registers.
 
@@ -138,8 +189,7 @@ def wait_ops() -> tuple[Any, ...]:
     """
     if not torch.distributed.is_available():
         return ()
-    importlib.import_module("torch.distributed._functional_collectives")
-
+    SUPPORT.module("torch.distributed._functional_collectives")
     ns = torch.ops._c10d_functional
     found: list[Any] = []
     for name in ("wait_tensor", "wait_tensors"):
@@ -149,45 +199,39 @@ def wait_ops() -> tuple[Any, ...]:
     return tuple(found)
 
 
-def is_collective(node: fx.Node) -> bool:
-    """A ``_c10d_functional`` op other than a wait (i.e. one that communicates)."""
-    target = node.target
-    return (
-        node.op == "call_function"
-        and isinstance(target, torch._ops.OpOverload)
-        and target.namespace == "_c10d_functional"
-        and not target.__name__.startswith("wait_tensor")
+def side_effect_registry() -> set[Any]:
+    """``torch.fx.node._side_effectful_functions``: the ops ``Node.is_impure`` keeps alive.
+
+    2.13-2.15 all consult it (through ``torch._library.utils.is_impure``, which checks both the
+    packet and the overload); it must be a set for its registrations to be removed and restored.
+    """
+    registry = getattr(SUPPORT.module("torch.fx.node"), "_side_effectful_functions", None)
+    if not isinstance(registry, set):
+        raise SUPPORT.missing("torch.fx.node._side_effectful_functions (a set)")
+    return registry
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def trace_artifact(name: str, payload_fn: Callable[[], str]) -> None:
+    """Emit a JSON ``trace_structured`` artifact (``torch._logging``), shown by ``tlparse``."""
+    trace_structured = SUPPORT.attr("torch._logging", "trace_structured")
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": name, "encoding": "json"},
+        payload_fn=payload_fn,
     )
 
 
-def is_wait(node: fx.Node) -> bool:
-    target = node.target
-    return (
-        node.op == "call_function"
-        and isinstance(target, torch._ops.OpOverload)
-        and target.namespace == "_c10d_functional"
-        and target.__name__.startswith("wait_tensor")
-    )
-
-
-def is_all_gather(node: fx.Node) -> bool:
-    target = node.target
-    return (
-        is_collective(node)
-        and isinstance(target, torch._ops.OpOverload)
-        and "all_gather" in target.__name__
-    )
-
-
-def is_getitem(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem
+# --------------------------------------------------------------------------- random ops
 
 
 def _dropout_statically_zero(node: fx.Node) -> bool:
     """An SDPA-family op whose ``dropout_p`` argument is the literal 0 (2.13 has no
     ``is_rng_op`` to ask)."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
+    target = op_overload(node)
+    if target is None:
         return False
     names = [arg.name for arg in target._schema.arguments]
     if "dropout_p" not in names:
@@ -212,9 +256,9 @@ def is_random(node: fx.Node) -> bool:
     """
     if node.op != "call_function":
         return False
-    target: Callable[..., Any] | Any = node.target
-    if not isinstance(target, torch._ops.OpOverload):  # (an OpOverload mirrors its tags here)
-        return bool(getattr(target, "_nondeterministic_seeded", False))
+    target = op_overload(node)
+    if target is None:  # (an OpOverload mirrors its tags here)
+        return bool(getattr(node.target, "_nondeterministic_seeded", False))
     torch_rule = getattr(partitioners(), "is_rng_op", None)
     if torch_rule is not None:
         return bool(torch_rule(node))

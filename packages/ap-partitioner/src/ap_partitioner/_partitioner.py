@@ -23,22 +23,15 @@ from typing import Any
 
 import ap_tags
 import torch.fx as fx
-from torch._inductor.custom_graph_pass import CustomPartitionerFn
+from ap_tags.checks import require_bool, require_callable, require_graph_module, require_int
+from ap_tags.scoped import paused_gc
 
 from ap_partitioner import _compat
-from ap_partitioner._args import (
-    check_bool,
-    check_call,
-    check_callback,
-    check_count,
-    check_module,
-    release_unsatisfiable_recompute,
-    sanitize_tags,
-    working_copy,
-)
+from ap_partitioner._call_args import PartitionCall, check_call
+from ap_partitioner._compat import CustomPartitionerFn
 from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
 from ap_partitioner._dce import wait_tensor_dce
-from ap_partitioner._gcpause import paused_gc
+from ap_partitioner._fallback_tags import release_unsatisfiable_recompute, sanitize_tags
 from ap_partitioner._prologue import (
     Prologue,
     run_epilogue,
@@ -52,6 +45,7 @@ from ap_partitioner._report import (
     emit,
 )
 from ap_partitioner._rules import SavePlan, plan_saves
+from ap_partitioner._working_copy import working_copy
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +61,68 @@ class ReplayError(RuntimeError):
         self.missing = tuple(missing)
 
 
+def source_files() -> list[Path]:
+    """Every Python file of this package, found by globbing its directory (so a module that is
+    added, renamed or removed changes the hash without anyone updating a list)."""
+    return sorted(Path(__file__).parent.glob("*.py"))
+
+
 @functools.cache
 def source_hash() -> str:
     """sha256 over this package's own source files: any code change changes every uuid."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in source_files():
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-class SaveAllPartitioner(CustomPartitionerFn):
+def _min_cut(joint: fx.GraphModule, call: PartitionCall) -> Partition:
+    """torch's ``min_cut_rematerialization_partition`` of ``joint``, as Inductor calls it."""
+    fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
+        joint,
+        call.joint_inputs,
+        call.compiler,
+        num_fwd_outputs=call.num_fwd_outputs,
+        static_lifetime_input_indices=call.static,
+    )
+    return fw, bw
+
+
+Outcome = tuple[fx.GraphModule, fx.GraphModule, dict[str, Any]]
+
+
+class _ReportingPartitioner(CustomPartitionerFn):
+    """One partitioner call: validated (before anything runs), timed, measured into a
+    :class:`PartitionReport` and emitted; subclasses say how to partition (``_run``)."""
+
+    name: str
+    on_report: ReportCallback | None
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> Partition:
+        call = check_call(type(self).__name__, gm, joint_inputs, kwargs)
+        _compat.partitioners()  # an unsupported torch fails before anything runs
+        start = time.perf_counter()
+        fw, bw, extra = self._run(call)
+        report = build_report(
+            extra.pop("partitioner", self.name),
+            fw,
+            bw,
+            call.num_fwd_outputs,
+            partition_time_s=time.perf_counter() - start,
+            **extra,
+        )
+        emit(report, self.on_report)
+        return fw, bw
+
+    def _run(self, call: PartitionCall) -> Outcome:
+        """``(fw, bw, report fields)``; ``"partitioner"`` in the fields overrides ``name``."""
+        raise NotImplementedError
+
+
+class SaveAllPartitioner(_ReportingPartitioner):
     """Save exactly the tagged values (see :mod:`ap_partitioner._rules`); set it as
     ``torch._inductor.config.custom_partitioner_fn`` or pass it as an AOT ``partition_fn``.
 
@@ -98,9 +143,9 @@ class SaveAllPartitioner(CustomPartitionerFn):
         dce_unused_waits: bool = True,
     ) -> None:
         owner = type(self).__name__
-        self.strict = check_bool(owner, "strict", strict)
-        self.on_report = check_callback(owner, "on_report", on_report)
-        self.dce_unused_waits = check_bool(owner, "dce_unused_waits", dce_unused_waits)
+        self.strict = require_bool(strict, where=owner, arg="strict")
+        self.on_report = require_callable(on_report, where=owner, arg="on_report", optional=True)
+        self.dce_unused_waits = require_bool(dce_unused_waits, where=owner, arg="dce_unused_waits")
 
     def uuid(self) -> str:
         """Changes with this package's code and with every option that changes the output.
@@ -111,37 +156,14 @@ class SaveAllPartitioner(CustomPartitionerFn):
         opts = f"strict={self.strict};dce_unused_waits={self.dce_unused_waits}"
         return hashlib.sha256(f"{self.name};{source_hash()};{opts}".encode()).hexdigest()
 
-    def __call__(
-        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
-    ) -> Partition:
-        gm, num_fwd_outputs, static, compiler = check_call(
-            type(self).__name__, gm, joint_inputs, kwargs
-        )
-        _compat.partitioners()  # an unsupported torch fails before anything runs
-        start = time.perf_counter()
+    def _run(self, call: PartitionCall) -> Outcome:
         scope = wait_tensor_dce() if self.dce_unused_waits else contextlib.nullcontext()
         with paused_gc(), scope:
-            fw, bw, extra = self._partition(gm, joint_inputs, num_fwd_outputs, static, compiler)
-        report = build_report(
-            extra.pop("partitioner", self.name),
-            fw,
-            bw,
-            num_fwd_outputs,
-            partition_time_s=time.perf_counter() - start,
-            **extra,
-        )
-        emit(report, self.on_report)
-        return fw, bw
+            return self._replay(call)
 
-    def _partition(
-        self,
-        gm: fx.GraphModule,
-        joint_inputs: Sequence[object],
-        num_fwd_outputs: int,
-        static: list[int],
-        compiler: str,
-    ) -> tuple[fx.GraphModule, fx.GraphModule, dict[str, Any]]:
+    def _replay(self, call: PartitionCall) -> Outcome:
         mod = _compat.partitioners()
+        gm, num_fwd_outputs = call.gm, call.num_fwd_outputs
         try:
             ap_tags.validate_tags(gm.graph)
         except ap_tags.TagError as exc:
@@ -149,22 +171,19 @@ class SaveAllPartitioner(CustomPartitionerFn):
                 raise
             clean = working_copy(gm)
             sanitize_tags(clean, exc.problems)
-            reason = f"malformed tags: {exc}"
-            return self._fallback(
-                clean, joint_inputs, num_fwd_outputs, static, compiler, reason, [], ()
-            )
+            return self._fallback(clean, call, f"malformed tags: {exc}", [], ())
         # the replay works on a copy: a refusal leaves the caller's graph exactly as it was
         pro = run_prologue(gm, num_fwd_outputs)
         notes = tuple(
             f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged
         )
-        info = mod.classify_nodes(pro.module, static, num_fwd_outputs)
+        info = mod.classify_nodes(pro.module, call.static, num_fwd_outputs)
         if len(info.required_bw_nodes) == 0:
             fw, bw = mod.default_partition(
                 pro.module,
-                joint_inputs,
+                call.joint_inputs,
                 num_fwd_outputs=num_fwd_outputs,
-                static_lifetime_input_indices=static,
+                static_lifetime_input_indices=call.static,
                 static_lifetime_input_nodes=info.static_lifetime_input_nodes,
             )
             note = "no backward nodes: delegated to default_partition"
@@ -173,31 +192,12 @@ class SaveAllPartitioner(CustomPartitionerFn):
         missing = missing_values(pro.module, plan, num_fwd_outputs)
         if missing:
             reason = self._missing_reason(pro.module, missing)
-            return self._fallback(
-                working_copy(gm),
-                joint_inputs,
-                num_fwd_outputs,
-                static,
-                compiler,
-                reason,
-                missing,
-                notes,
-            )
+            return self._fallback(working_copy(gm), call, reason, missing, notes)
         try:
             fw, bw = self._extract(pro, plan, info, num_fwd_outputs)
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
-            return self._fallback(
-                working_copy(gm),
-                joint_inputs,
-                num_fwd_outputs,
-                static,
-                compiler,
-                reason,
-                [],
-                notes,
-                cause=exc,
-            )
+            return self._fallback(working_copy(gm), call, reason, [], notes, cause=exc)
         return fw, bw, {"notes": notes}
 
     @staticmethod
@@ -228,15 +228,13 @@ class SaveAllPartitioner(CustomPartitionerFn):
     def _fallback(
         self,
         joint: fx.GraphModule,
-        joint_inputs: Sequence[object],
-        num_fwd_outputs: int,
-        static: list[int],
-        compiler: str,
+        call: PartitionCall,
         reason: str,
         missing: Sequence[str],
         notes: tuple[str, ...],
         cause: BaseException | None = None,
-    ) -> tuple[fx.GraphModule, fx.GraphModule, dict[str, Any]]:
+    ) -> Outcome:
+        """Partition the working copy ``joint`` with min-cut instead (or raise when strict)."""
         if self.strict:
             raise ReplayError(f"SaveAllPartitioner(strict=True): {reason}", missing) from cause
         log.warning("ap-partitioner: %s; falling back to min-cut", reason)
@@ -247,13 +245,7 @@ class SaveAllPartitioner(CustomPartitionerFn):
                 *notes,
                 f"MUST_RECOMPUTE dropped for the min-cut fallback: {', '.join(released)}",
             )
-        fw, bw = _compat.partitioners().min_cut_rematerialization_partition(
-            joint,
-            joint_inputs,
-            compiler,
-            num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_indices=static,
-        )
+        fw, bw = _min_cut(joint, call)
         extra = {
             "fell_back": True,
             "fallback_reason": reason,
@@ -263,38 +255,23 @@ class SaveAllPartitioner(CustomPartitionerFn):
         return fw, bw, extra
 
 
-class MinCutPartitioner(CustomPartitionerFn):
+class MinCutPartitioner(_ReportingPartitioner):
     """torch's ``min_cut_rematerialization_partition``, unchanged, plus the same
     :class:`PartitionReport` so min-cut and save-all can be compared field by field."""
 
     name = "min_cut"
 
     def __init__(self, on_report: ReportCallback | None = None) -> None:
-        self.on_report = check_callback(type(self).__name__, "on_report", on_report)
+        self.on_report = require_callable(
+            on_report, where=type(self).__name__, arg="on_report", optional=True
+        )
 
     def uuid(self) -> str:
         return hashlib.sha256(f"{self.name};{source_hash()}".encode()).hexdigest()
 
-    def __call__(
-        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
-    ) -> Partition:
-        gm, num_fwd_outputs, static, compiler = check_call(
-            type(self).__name__, gm, joint_inputs, kwargs
-        )
-        mod = _compat.partitioners()
-        start = time.perf_counter()
-        fw, bw = mod.min_cut_rematerialization_partition(
-            gm,
-            joint_inputs,
-            compiler,
-            num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_indices=static,
-        )
-        report = build_report(
-            self.name, fw, bw, num_fwd_outputs, partition_time_s=time.perf_counter() - start
-        )
-        emit(report, self.on_report)
-        return fw, bw
+    def _run(self, call: PartitionCall) -> Outcome:
+        fw, bw = _min_cut(call.gm, call)
+        return fw, bw, {}
 
 
 def report_for(
@@ -307,9 +284,9 @@ def report_for(
 ) -> PartitionReport:
     """Measure a partition produced elsewhere (e.g. torch's ``default_partition`` in the first
     compilation) with the same fields as the partitioners' own reports."""
-    check_module("report_for", "fw_module", fw_module)
-    check_module("report_for", "bw_module", bw_module)
-    check_count("report_for", "num_fwd_outputs", num_fwd_outputs)
+    require_graph_module(fw_module, where="report_for", arg="fw_module")
+    require_graph_module(bw_module, where="report_for", arg="bw_module")
+    require_int(num_fwd_outputs, where="report_for", arg="num_fwd_outputs", minimum=0)
     return build_report(
         partitioner, fw_module, bw_module, num_fwd_outputs, partition_time_s=partition_time_s
     )

@@ -22,11 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch.fx as fx
-from torch._functorch import config as functorch_config
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
-from ap_partitioner._args import working_copy
+from ap_partitioner._working_copy import working_copy
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,8 @@ def normalized_copy(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.Gr
     nothing that graph *is* the copy, and the node-by-node working copy (a full extra graph
     copy) is skipped. Otherwise DCE runs on a working copy first, as before.
     """
-    if functorch_config.cse and dce_would_remove_nothing(joint_module.graph):
+    cse = bool(_compat.functorch_config().cse)
+    if cse and dce_would_remove_nothing(joint_module.graph):
         with _meta_key_restored(joint_module.graph, "mutation_region_id"):
             graph = _compat.joint_graph_cse(joint_module, num_fwd_outputs)
         name = joint_module.__class__.__name__
@@ -112,7 +112,7 @@ def normalized_copy(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.Gr
     copy = working_copy(joint_module)
     copy.graph.eliminate_dead_code()
     copy.recompile()
-    if functorch_config.cse:
+    if cse:
         copy.graph = _compat.joint_graph_cse(copy, num_fwd_outputs)
     return copy
 
@@ -125,7 +125,7 @@ def run_prologue(joint_module: fx.GraphModule, num_fwd_outputs: int) -> Prologue
     has_rng = bool(mod.has_recomputable_rng_ops(joint_module))
     if has_recompute:
         joint_module = mod.cleanup_recompute_tags(joint_module, is_default_partition=False)
-    if not functorch_config.unsafe_allow_optimization_of_collectives:
+    if not _compat.functorch_config().unsafe_allow_optimization_of_collectives:
         mod.force_save_collectives(joint_module)
     retagged = save_effectful_instead_of_recompute(joint_module.graph)
     mod.force_save_effectful_ops(joint_module)

@@ -1,6 +1,6 @@
 """The save rules: which forward values the replay keeps alive for the backward.
 
-Rules, first match wins (SPEC §4):
+Rules, first match wins (``docs/architecture.md``, "Save rules"):
 
 1. ``MUST_RECOMPUTE`` is never saved. It beats every rule below, sym and opaque included,
    because it is how the first compilation said "re-gather this FSDP weight in backward".
@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 import ap_tags
 import torch.fx as fx
+from ap_tags.checks import require_nodes
+from ap_tags.graph import is_getitem, is_multi_output
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
-from ap_partitioner._args import check_nodes
 
 
 def policy(node: fx.Node) -> CheckpointPolicy | None:
@@ -61,21 +62,9 @@ def replay_indices(node: fx.Node) -> frozenset[int] | None:
     return frozenset(indices) if indices else None
 
 
-def is_multi_output(node: fx.Node) -> bool:
-    """A tuple/list ``val`` is authoritative; else "has users and all are getitems"."""
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)):
-        return True
-    return len(node.users) > 0 and all(_compat.is_getitem(u) for u in node.users)
-
-
 def is_getitem_child(node: fx.Node) -> bool:
     """A getitem projecting one output of a multi-output node."""
-    return (
-        _compat.is_getitem(node)
-        and isinstance(node.args[0], fx.Node)
-        and is_multi_output(node.args[0])
-    )
+    return is_getitem(node) and isinstance(node.args[0], fx.Node) and is_multi_output(node.args[0])
 
 
 def _selected_children(parent: fx.Node) -> list[fx.Node]:
@@ -89,7 +78,7 @@ def _selected_children(parent: fx.Node) -> list[fx.Node]:
     return [
         user
         for user in parent.users
-        if _compat.is_getitem(user)
+        if is_getitem(user)
         and not is_must_recompute(user)
         and not is_multi_output(user)
         and (indices is None or user.args[1] in indices)
@@ -146,7 +135,7 @@ def apply_rule(node: fx.Node, plan: SavePlan) -> None:
 def plan_saves(candidates: Iterable[fx.Node]) -> SavePlan:
     """Apply the rules to every candidate (forward-required, then unclaimed nodes), deduped."""
     plan = SavePlan()
-    for node in check_nodes("plan_saves", "candidates", candidates):
+    for node in require_nodes(candidates, where="plan_saves", arg="candidates"):
         if node.op == "output":
             continue
         apply_rule(node, plan)
