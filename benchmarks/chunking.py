@@ -1,8 +1,8 @@
-"""Chunk pass + concretization time vs joint-graph size (SPEC §8, issue 4).
+"""Chunk pass + concretization time vs joint-graph size (docs/architecture.md, "Chunking rules").
 
-A stack of L MLP blocks is traced once into a joint forward+backward graph with a hinted
-unbacked token dim; each repeat chunks a fresh copy of that graph (``layers.*``, 2 chunks) and
-concretizes it. Reported: joint-graph node counts before/after chunking, the median time of
+A stack of L residual MLP blocks (``ap_testing.chunking``) is traced once into a joint
+forward+backward graph with a hinted unbacked token dim; each repeat chunks a fresh copy of that
+graph (``layers.*``, 2 chunks) and concretizes it. Reported: joint-graph node counts before/after chunking, the median time of
 ``chunk_pass`` + ``concretize_chunk_symbols`` over the repeats, and time(L)/time(smallest L).
 
     uv run python -m benchmarks.chunking [--quick]
@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from ap_epchunk import (
     ChunkConfig,
     chunk_pass,
@@ -26,44 +25,17 @@ from ap_epchunk import (
     trace_joint,
 )
 from ap_tags import annotate_module_fqns
-from torch import nn
+from ap_testing.chunking import ResidualMLP, Stack, joint_step, module_state
 
 D, TOKENS, REPEATS = 32, 64, 5
 
 
-class _Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d, 2 * d)
-        self.fc2 = nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.fc1(x)))
-
-
-class _Stack(nn.Module):
-    def __init__(self, layers: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([_Block(D) for _ in range(layers)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def _joint_graph(layers: int) -> torch.fx.GraphModule:
-    model = _Stack(layers)
-    state = {n: p.detach().requires_grad_() for n, p in model.named_parameters()}
-
-    def step(state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> list[Any]:
-        loss = F.mse_loss(torch.func.functional_call(model, state, (x,)), y)
-        return [loss, *torch.autograd.grad(loss, [*state.values(), x])]
-
+    model = Stack(D, layers, ResidualMLP)
     x = mark_chunk_dim(torch.randn(TOKENS, D, requires_grad=True), 0, hint=TOKENS)
     y = mark_chunk_dim(torch.randn(TOKENS, D), 0, hint=TOKENS)
     with annotate_module_fqns(model):
-        return trace_joint(step, state, x, y)
+        return trace_joint(joint_step(model), module_state(model), x, y)
 
 
 def _measure(layers: int) -> dict[str, Any]:

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
-from _epchunk_testlib import GraphBuilder
 from ap_epchunk import ChunkConfig, chunk_pass
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
 
-def _graph() -> torch.fx.GraphModule:
+def _graph(fake_graph: Any) -> torch.fx.GraphModule:
     # grad_w = mm(x.t(), grad_out) -> all_reduce -> wait -> output  (backward of layers.0)
-    b = GraphBuilder()
+    b = fake_graph()
     u0 = b.unbacked(8)
     x = b.placeholder("x", b.fake(u0, 3))
     g = b.placeholder("grad_out", b.fake(u0, 3))
@@ -25,8 +26,8 @@ def _graph() -> torch.fx.GraphModule:
 
 
 @pytest.mark.parametrize("early", [True, False])
-def test_grad_partials_summed_before_the_collective(early: bool) -> None:
-    gm = _graph()
+def test_grad_partials_summed_before_the_collective(early: bool, fake_graph: Any) -> None:
+    gm = _graph(fake_graph)
     report = chunk_pass(
         gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=early)
     )

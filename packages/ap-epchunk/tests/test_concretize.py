@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import torch
-from _epchunk_testlib import GraphBuilder, graph_snapshot
 from ap_epchunk import ChunkError, concretize_chunk_symbols
 from ap_epchunk._passes import CHUNK_SYMBOLS_META
+from ap_testing.graphs import snapshot
 
 aten = torch.ops.aten
 
@@ -18,8 +18,8 @@ def _apply_subgraph(sub: torch.fx.GraphModule, x: torch.Tensor) -> Any:
     return sub(x)
 
 
-def _graph_with_other_symbol() -> tuple[GraphBuilder, torch.fx.GraphModule]:
-    b = GraphBuilder()
+def _graph_with_other_symbol(fake_graph: Any) -> tuple[Any, torch.fx.GraphModule]:
+    b = fake_graph()
     u0, u1 = b.unbacked(8), b.unbacked(None)  # u1: not a chunk symbol
     x = b.placeholder("x", b.fake(u0, 4))
     other = b.placeholder("other", b.fake(u1, 4))
@@ -35,8 +35,8 @@ def _graph_with_other_symbol() -> tuple[GraphBuilder, torch.fx.GraphModule]:
     return b, gm
 
 
-def test_symbols_in_args_and_vals_are_replaced_and_scalars_folded() -> None:
-    _, gm = _graph_with_other_symbol()
+def test_symbols_in_args_and_vals_are_replaced_and_scalars_folded(fake_graph: Any) -> None:
+    _, gm = _graph_with_other_symbol(fake_graph)
     report = concretize_chunk_symbols(gm)
     nodes = {n.name: n for n in gm.graph.nodes}
     split = nodes["split_with_sizes_default"]
@@ -50,8 +50,8 @@ def test_symbols_in_args_and_vals_are_replaced_and_scalars_folded() -> None:
     assert first.shape == (4, 4) and mixed == 11 and flat.shape == (12,)
 
 
-def test_other_symbols_are_not_touched() -> None:
-    _, gm = _graph_with_other_symbol()
+def test_other_symbols_are_not_touched(fake_graph: Any) -> None:
+    _, gm = _graph_with_other_symbol(fake_graph)
     concretize_chunk_symbols(gm)
     nodes = {n.name: n for n in gm.graph.nodes}
     assert str(nodes["other"].meta["val"].shape[0]) == "u1"
@@ -60,10 +60,10 @@ def test_other_symbols_are_not_touched() -> None:
     assert nodes["sym_size_int_1"].args == (nodes["other"], 0)  # u1's plumbing stays
 
 
-def test_hop_subgraph_placeholders_and_vals() -> None:
-    b = GraphBuilder()
+def test_hop_subgraph_placeholders_and_vals(fake_graph: Any) -> None:
+    b = fake_graph()
     u0 = b.unbacked(8)
-    sub_b = GraphBuilder()
+    sub_b = fake_graph()
     sub_b.shape_env, sub_b.fake_mode = b.shape_env, b.fake_mode
     inner_x = sub_b.placeholder("inner_x", b.fake(u0, 4))
     inner_x.meta["example_value"] = b.fake(u0, 4)
@@ -90,8 +90,8 @@ def test_hop_subgraph_placeholders_and_vals() -> None:
 
 
 @pytest.mark.parametrize(("expected", "holds"), [(6, False), (8, True)])
-def test_guards_false_raise_true_are_erased(expected: int, holds: bool) -> None:
-    b = GraphBuilder()
+def test_guards_false_raise_true_are_erased(expected: int, holds: bool, fake_graph: Any) -> None:
+    b = fake_graph()
     u0 = b.unbacked(8)
     x = b.placeholder("x", b.fake(u0, 4))
     size = b.op(aten.sym_size.int, x, 0)
@@ -100,11 +100,11 @@ def test_guards_false_raise_true_are_erased(expected: int, holds: bool) -> None:
     guard.meta["val"] = None
     gm = b.module(b.op(aten.relu.default, x))
     gm.meta[CHUNK_SYMBOLS_META] = {"u0": 8}
-    before = graph_snapshot(gm)
+    before = snapshot(gm)
     if not holds:
         with pytest.raises(ChunkError, match="guard is false.*x must have 6 rows"):
             concretize_chunk_symbols(gm)
-        assert graph_snapshot(gm) == before
+        assert snapshot(gm) == before
         assert gm.meta[CHUNK_SYMBOLS_META] == {"u0": 8}
     else:
         concretize_chunk_symbols(gm)
@@ -112,18 +112,18 @@ def test_guards_false_raise_true_are_erased(expected: int, holds: bool) -> None:
         assert aten._assert_scalar.default not in targets and operator.eq not in targets
 
 
-def test_example_inputs_list_is_updated_in_place() -> None:
-    b, gm = _graph_with_other_symbol()
+def test_example_inputs_list_is_updated_in_place(fake_graph: Any) -> None:
+    b, gm = _graph_with_other_symbol(fake_graph)
     inputs: list[Any] = [b.fake(b.unbacked(8), 4), 3]
     inputs[0] = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"]
     concretize_chunk_symbols(gm, inputs)
     assert inputs[0].shape == (8, 4) and inputs[1] == 3
 
 
-def test_without_chunk_symbols_it_is_a_no_op() -> None:
-    b = GraphBuilder()
+def test_without_chunk_symbols_it_is_a_no_op(fake_graph: Any) -> None:
+    b = fake_graph()
     x = b.placeholder("x", b.fake(b.unbacked(None), 4))
     gm = b.module(b.op(aten.relu.default, x))
-    before = graph_snapshot(gm)
+    before = snapshot(gm)
     assert concretize_chunk_symbols(gm).symbols == {}
-    assert graph_snapshot(gm) == before
+    assert snapshot(gm) == before

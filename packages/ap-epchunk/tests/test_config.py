@@ -9,22 +9,31 @@ from torch import nn
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field"),
+    ("kwargs", "exc", "field"),
     [
-        ({"module_patterns": ()}, "module_patterns"),
-        ({"module_patterns": ("",)}, "module_patterns"),
-        ({"dim": -1}, "dim"),
-        ({"num_chunks": 1}, "num_chunks"),
-        ({"num_chunks": True}, "num_chunks"),
-        ({"early_grad_accumulation": "yes"}, "early_grad_accumulation"),
-        ({"chunk_inputs": ("",)}, "chunk_inputs"),
+        ({"module_patterns": ()}, ValueError, "module_patterns"),
+        ({"module_patterns": ("",)}, ValueError, "module_patterns"),
+        ({"module_patterns": 3}, TypeError, "module_patterns"),
+        ({"module_patterns": ("a", 1)}, TypeError, "module_patterns"),
+        ({"dim": -1}, ValueError, "dim"),
+        ({"dim": 1.5}, TypeError, "dim"),
+        ({"num_chunks": 1}, ValueError, "num_chunks"),
+        ({"num_chunks": True}, TypeError, "num_chunks"),
+        ({"num_chunks": "2"}, TypeError, "num_chunks"),
+        ({"early_grad_accumulation": "yes"}, TypeError, "early_grad_accumulation"),
+        ({"chunk_inputs": ("",)}, ValueError, "chunk_inputs"),
+        ({"chunk_inputs": 3}, TypeError, "chunk_inputs"),
     ],
 )
-def test_bad_config_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
+def test_bad_config_options_name_the_field(
+    kwargs: dict[str, object], exc: type[Exception], field: str
+) -> None:
+    """A wrong type is a TypeError, a right type with a wrong value a ValueError."""
     base: dict[str, object] = {"module_patterns": ("layers.*",)}
     base.update(kwargs)
-    with pytest.raises(ValueError, match=f"ChunkConfig.{field}"):
+    with pytest.raises(exc, match=f"^ChunkConfig: {field} must") as info:
         ChunkConfig(**base)  # type: ignore[arg-type]
+    assert type(info.value) is exc
 
 
 def test_config_defaults_and_single_pattern_string() -> None:
@@ -46,6 +55,23 @@ def test_mark_chunk_dim_marks_unbacked_with_hint() -> None:
         mark_chunk_dim(torch.randn(8), 0, hint=1)
 
 
+@pytest.mark.parametrize(
+    ("args", "hint", "arg"),
+    [
+        (("x", 0), 4, "tensor"),
+        ((torch.randn(4), 1.5), 4, "dim"),
+        ((torch.randn(4), True), 4, "dim"),
+        ((torch.randn(4), 0), "4", "hint"),
+        ((torch.randn(4), 0), 4.0, "hint"),
+    ],
+)
+def test_mark_chunk_dim_wrong_types_are_type_errors(
+    args: tuple[object, object], hint: object, arg: str
+) -> None:
+    with pytest.raises(TypeError, match=f"^mark_chunk_dim: {arg} must be"):
+        mark_chunk_dim(*args, hint=hint)  # type: ignore[arg-type]
+
+
 def test_eager_chunked_runs_each_chunk_and_concatenates() -> None:
     seen: list[int] = []
 
@@ -62,3 +88,5 @@ def test_eager_chunked_runs_each_chunk_and_concatenates() -> None:
         EagerChunked(Probe(), 0, 4)(x)
     with pytest.raises(ValueError, match="num_chunks"):
         EagerChunked(Probe(), 0, 1)
+    with pytest.raises(TypeError, match="EagerChunked: dim must be an int"):
+        EagerChunked(Probe(), 0.5, 2)  # type: ignore[arg-type]

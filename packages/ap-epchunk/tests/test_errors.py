@@ -1,7 +1,9 @@
 """Error catalogue: every public entry point of ap-epchunk, given bad input.
 
-Each case checks the exception type is the package's documented one, that the message names the
-argument / option / node at fault, and that a refused pass left the graph exactly as it was.
+Each case checks the exception type is the documented one (``TypeError`` for an argument of
+the wrong type, ``ValueError`` -- ``ChunkError`` for a refused graph -- for a wrong value,
+``UnsupportedTorchError`` for a missing torch internal), that the message names the argument /
+option / node at fault, and that a refused call left the graph exactly as it was.
 """
 
 from __future__ import annotations
@@ -12,29 +14,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import ap_epchunk as E
+import ap_tags.torch_support
 import pytest
 import torch
 import torch.fx
-from _epchunk_testlib import Stack, graph_snapshot, trace
-from ap_epchunk import ChunkConfig, ChunkError
+from ap_epchunk import ChunkConfig, ChunkError, UnsupportedTorchError
+from ap_testing.chunking import Stack
+from ap_testing.graphs import snapshot
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-RANGE = ">=2.13,<2.16"
-#: the package's "torch internal missing" error (a RuntimeError subclass)
-UNSUPPORTED: type[BaseException] = getattr(E, "UnsupportedTorchError", type(None))  # type: ignore[assignment]
+#: how an UnsupportedTorchError names the torch versions the package is tested on
+TESTED = ", ".join(E.TESTED_TORCH)
+
+Setup = Callable[[pytest.MonkeyPatch], None]
 
 
 @pytest.fixture(scope="module")
-def traced() -> tuple[Stack, torch.fx.GraphModule]:
+def traced(trace: Any) -> torch.fx.GraphModule:
     torch.manual_seed(0)
-    model = Stack(4, 1)
-    return model, trace(model, torch.randn(4, 4), torch.randn(4, 4), symbolic=False)
-
-
-def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    new.meta.update(gm.meta)
-    return new
+    return trace(Stack(4, 1), torch.randn(4, 4), torch.randn(4, 4), symbolic=False)  # type: ignore[no-any-return]
 
 
 CFG = ChunkConfig(module_patterns=("layers.*",), chunk_inputs=("x_1", "y_1"))
@@ -46,43 +44,51 @@ class Case:
     call: Callable[[torch.fx.GraphModule], object]
     exc: type[BaseException]
     names: tuple[str, ...]
-    setup: Callable[[torch.fx.GraphModule, pytest.MonkeyPatch], None] | None = None
+    setup: Setup | None = None
 
 
-def _no_shape_env_attr(name: str) -> Callable[..., None]:
-    def setup(gm: torch.fx.GraphModule, mp: pytest.MonkeyPatch) -> None:
-        mp.delattr(ShapeEnv, name)
+def _without(owner: Callable[[], Any], name: str) -> Setup:
+    """Setup: ``owner()`` (imported lazily) loses attribute ``name`` for the test."""
+
+    def setup(mp: pytest.MonkeyPatch) -> None:
+        mp.delattr(owner(), name)
 
     return setup
 
 
-def _no_mark_unbacked(gm: torch.fx.GraphModule, mp: pytest.MonkeyPatch) -> None:
-    import torch._dynamo.decorators as decorators
+def _dynamo_decorators() -> Any:
+    import torch._dynamo.decorators
 
-    mp.delattr(decorators, "mark_unbacked")
+    return torch._dynamo.decorators
 
 
 CASES: list[Case] = []
-# ChunkConfig options
-for opt, value, words in [
-    ("module_patterns", (), ("module_patterns", "non-empty")),
-    ("module_patterns", 3, ("module_patterns",)),
-    ("module_patterns", ("",), ("module_patterns", "''")),
-    ("module_patterns", ("a", 1), ("module_patterns", "1")),
-    ("dim", -1, ("ChunkConfig.dim", "-1")),
-    ("dim", "0", ("ChunkConfig.dim", "'0'")),
-    ("dim", True, ("ChunkConfig.dim", "True")),
-    ("num_chunks", 1, ("num_chunks", "1")),
-    ("num_chunks", 2.0, ("num_chunks", "2.0")),
-    ("num_chunks", False, ("num_chunks", "False")),
-    ("early_grad_accumulation", "yes", ("early_grad_accumulation", "'yes'")),
-    ("chunk_inputs", 3, ("chunk_inputs", "3")),
-    ("chunk_inputs", ("x", ""), ("chunk_inputs",)),
+
+# ChunkConfig options: (option, value, exception, words in the message)
+for opt, value, exc, words in [
+    ("module_patterns", (), ValueError, ("module_patterns", "empty")),
+    ("module_patterns", 3, TypeError, ("module_patterns", "int 3")),
+    ("module_patterns", ("",), ValueError, ("module_patterns", "''")),
+    ("module_patterns", ("a", 1), TypeError, ("module_patterns", "int 1")),
+    ("dim", -1, ValueError, ("dim", ">= 0", "-1")),
+    ("dim", "0", TypeError, ("dim", "an int", "str '0'")),
+    ("dim", 1.5, TypeError, ("dim", "an int", "float 1.5")),
+    ("dim", True, TypeError, ("dim", "bool True")),
+    ("num_chunks", 1, ValueError, ("num_chunks", ">= 2", "1")),
+    ("num_chunks", 2.0, TypeError, ("num_chunks", "float 2.0")),
+    ("num_chunks", "2", TypeError, ("num_chunks", "str '2'")),
+    ("num_chunks", False, TypeError, ("num_chunks", "bool False")),
+    ("early_grad_accumulation", "yes", TypeError, ("early_grad_accumulation", "str 'yes'")),
+    ("chunk_inputs", 3, TypeError, ("chunk_inputs", "int 3")),
+    ("chunk_inputs", ("x", ""), ValueError, ("chunk_inputs", "non-empty")),
 ]:
     kwargs: dict[str, Any] = {"module_patterns": ("layers.*",), opt: value}
     CASES.append(
         Case(
-            f"ChunkConfig/{opt}={value!r}", lambda gm, k=kwargs: ChunkConfig(**k), ValueError, words
+            f"ChunkConfig/{opt}={value!r}",
+            lambda gm, k=kwargs: ChunkConfig(**k),
+            exc,
+            ("ChunkConfig", *words),
         )
     )
 CASES.append(
@@ -93,61 +99,55 @@ CASES.append(
         ("chunks",),
     )
 )
-# chunk_pass arguments and graphs it must refuse (untouched)
+
+# chunk_pass: arguments of the wrong type
 for bad in ["gm", None, torch.fx.Graph()]:
     CASES.append(
         Case(
             f"chunk_pass/gm={type(bad).__name__}",
             lambda gm, b=bad: E.chunk_pass(b, CFG),
-            TypeError,  # type: ignore[arg-type]
+            TypeError,
             ("chunk_pass", "gm", "GraphModule", type(bad).__name__),
         )
     )
-CASES += [
+CASES.append(
     Case(
         "chunk_pass/config=dict",
         lambda gm: E.chunk_pass(gm, {"module_patterns": "x"}),  # type: ignore[arg-type]
         TypeError,
-        ("chunk_pass", "ChunkConfig", "dict"),
-    ),
-    Case(
-        "chunk_pass/no_region_matches",
-        lambda gm: E.chunk_pass(gm, CFG.replace(module_patterns=("nope.*",))),
-        ChunkError,
+        ("chunk_pass", "config", "ChunkConfig", "dict"),
+    )
+)
+# chunk_pass: graphs (and configs) it must refuse, leaving the graph untouched
+for cid, changes, words in [
+    (
+        "no_region_matches",
+        {"module_patterns": ("nope.*",)},
         ("no region matched", "nope.*", "layers"),
     ),
-    Case(
-        "chunk_pass/unknown_chunk_input",
-        lambda gm: E.chunk_pass(gm, CFG.replace(chunk_inputs=("zzz",))),
-        ChunkError,
-        ("chunk_inputs", "zzz", "x_1"),
-    ),
-    Case(
-        "chunk_pass/indivisible_extent",
-        lambda gm: E.chunk_pass(gm, CFG.replace(num_chunks=3)),
-        ChunkError,
-        ("x_1", "not divisible", "num_chunks=3"),
-    ),
-    Case(
-        "chunk_pass/dim_out_of_range",
-        lambda gm: E.chunk_pass(gm, CFG.replace(dim=5)),
-        ChunkError,
-        ("x_1", "no dim 5"),
-    ),
-    Case(
-        "chunk_pass/no_chunk_inputs_static_graph",
-        lambda gm: E.chunk_pass(gm, CFG.replace(chunk_inputs=())),
-        ChunkError,
-        ("chunk",),
-    ),
+    ("unknown_chunk_input", {"chunk_inputs": ("zzz",)}, ("chunk_inputs", "zzz", "x_1")),
+    ("indivisible_extent", {"num_chunks": 3}, ("x_1", "not divisible", "num_chunks=3")),
+    ("dim_out_of_range", {"dim": 5}, ("x_1", "no dim 5")),
+    ("no_chunk_inputs_static_graph", {"chunk_inputs": ()}, ("no chunk dimension",)),
+]:
+    CASES.append(
+        Case(
+            f"chunk_pass/{cid}",
+            lambda gm, c=changes: E.chunk_pass(gm, CFG.replace(**c)),
+            ChunkError,
+            words,
+        )
+    )
+CASES.append(
     Case(
         "chunk_pass/unsupported_torch",
         lambda gm: E.chunk_pass(gm, CFG),
-        UNSUPPORTED,
-        ("create_unbacked_symint", RANGE),
-        setup=_no_shape_env_attr("create_unbacked_symint"),
-    ),
-]
+        UnsupportedTorchError,
+        ("ap-epchunk", "ShapeEnv.create_unbacked_symint", TESTED),
+        setup=_without(lambda: ShapeEnv, "create_unbacked_symint"),
+    )
+)
+
 # concretize_chunk_symbols
 for bad in ["gm", None]:
     CASES.append(
@@ -158,95 +158,75 @@ for bad in ["gm", None]:
             ("concretize_chunk_symbols", "gm", "GraphModule", type(bad).__name__),
         )
     )
-CASES.append(
+CASES += [
     Case(
         "concretize_chunk_symbols/example_inputs=str",
         lambda gm: E.concretize_chunk_symbols(gm, example_inputs="x"),  # type: ignore[arg-type]
         TypeError,
         ("concretize_chunk_symbols", "example_inputs", "str"),
-    )
-)
-CASES.append(
+    ),
     Case(
         "concretize_chunk_symbols/unknown_option",
         lambda gm: E.concretize_chunk_symbols(gm, hints={}),  # type: ignore[call-arg]
         TypeError,
         ("hints",),
+    ),
+]
+
+# mark_chunk_dim: (id, positional args, hint, exception, words in the message)
+VECTOR = torch.randn(4)
+for cid, args, hint, exc, words in [
+    ("tensor=str", ("x", 0), 4, TypeError, ("tensor", "torch.Tensor", "str 'x'")),
+    ("0-d", (torch.tensor(1.0), 0), 4, ChunkError, ("0-d",)),
+    ("dim=3", (VECTOR, 3), 4, ChunkError, ("dim 3", "(4,)")),
+    ("dim=str", (VECTOR, "0"), 4, TypeError, ("dim", "an int", "str '0'")),
+    ("dim=1.5", (VECTOR, 1.5), 4, TypeError, ("dim", "an int", "float 1.5")),
+    ("hint=1", (VECTOR, 0), 1, ChunkError, ("hint", ">= 2", "1")),
+    ("hint=str", (VECTOR, 0), "4", TypeError, ("hint", "an int", "str '4'")),
+]:
+    CASES.append(
+        Case(
+            f"mark_chunk_dim/{cid}",
+            lambda gm, a=args, h=hint: E.mark_chunk_dim(*a, hint=h),
+            exc,
+            ("mark_chunk_dim", *words),
+        )
     )
-)
-# mark_chunk_dim
-CASES += [
-    Case(
-        "mark_chunk_dim/tensor=str",
-        lambda gm: E.mark_chunk_dim("x", 0, hint=4),  # type: ignore[arg-type]
-        ChunkError,
-        ("mark_chunk_dim", "tensor", "str"),
-    ),
-    Case(
-        "mark_chunk_dim/0-d",
-        lambda gm: E.mark_chunk_dim(torch.tensor(1.0), 0, hint=4),
-        ChunkError,
-        ("mark_chunk_dim", "0-d"),
-    ),
-    Case(
-        "mark_chunk_dim/dim=3",
-        lambda gm: E.mark_chunk_dim(torch.randn(4), 3, hint=4),
-        ChunkError,
-        ("mark_chunk_dim", "dim 3", "(4,)"),
-    ),
-    Case(
-        "mark_chunk_dim/dim=str",
-        lambda gm: E.mark_chunk_dim(torch.randn(4), "0", hint=4),  # type: ignore[arg-type]
-        ChunkError,
-        ("mark_chunk_dim", "dim", "'0'"),
-    ),
-    Case(
-        "mark_chunk_dim/hint=1",
-        lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint=1),
-        ChunkError,
-        ("mark_chunk_dim", "hint", "1"),
-    ),
-    Case(
-        "mark_chunk_dim/hint=str",
-        lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint="4"),  # type: ignore[arg-type]
-        ChunkError,
-        ("mark_chunk_dim", "hint", "'4'"),
-    ),
+CASES.append(
     Case(
         "mark_chunk_dim/unsupported_torch",
         lambda gm: E.mark_chunk_dim(torch.randn(4), 0, hint=4),
-        UNSUPPORTED,
-        ("mark_unbacked", RANGE),
-        setup=_no_mark_unbacked,
-    ),
-]
-# EagerChunked
-CASES += [
-    Case(
-        "EagerChunked/num_chunks=1",
-        lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), 0, 1),
-        ValueError,
-        ("EagerChunked", "num_chunks", "1"),
-    ),
-    Case(
-        "EagerChunked/dim=str",
-        lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), "0", 2),  # type: ignore[arg-type]
-        ValueError,
-        ("EagerChunked", "dim", "'0'"),
-    ),
-    Case(
-        "EagerChunked/module=str",
-        lambda gm: E.EagerChunked("m", 0, 2),  # type: ignore[arg-type]
-        TypeError,
-        ("EagerChunked", "module", "nn.Module", "str"),
-    ),
+        UnsupportedTorchError,
+        ("ap-epchunk", "torch._dynamo.decorators.mark_unbacked", TESTED),
+        setup=_without(_dynamo_decorators, "mark_unbacked"),
+    )
+)
+
+# EagerChunked: (id, constructor args, exception, words in the message)
+LINEAR = torch.nn.Linear(4, 4)
+for cid, args, exc, words in [
+    ("num_chunks=1", (LINEAR, 0, 1), ValueError, ("num_chunks", ">= 2", "1")),
+    ("num_chunks=str", (LINEAR, 0, "2"), TypeError, ("num_chunks", "an int", "str '2'")),
+    ("dim=str", (LINEAR, "0", 2), TypeError, ("dim", "an int", "str '0'")),
+    ("module=str", ("m", 0, 2), TypeError, ("module", "nn.Module", "str 'm'")),
+]:
+    CASES.append(
+        Case(
+            f"EagerChunked/{cid}",
+            lambda gm, a=args: E.EagerChunked(*a),
+            exc,
+            ("EagerChunked", *words),
+        )
+    )
+CASES.append(
     Case(
         "EagerChunked/indivisible",
-        lambda gm: E.EagerChunked(torch.nn.Linear(4, 4), 0, 3)(torch.randn(4, 4)),
+        lambda gm: E.EagerChunked(LINEAR, 0, 3)(torch.randn(4, 4)),
         ChunkError,
         ("EagerChunked", "extent 4", "num_chunks=3"),
-    ),
-]
+    )
+)
+
 # trace_joint
 CASES.append(
     Case(
@@ -258,27 +238,40 @@ CASES.append(
 )
 
 
+def _fresh(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` whose graph (and meta) a failing call may be caught modifying."""
+    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    new.meta.update(gm.meta)
+    return new
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_raises_package_error_naming_the_culprit(
-    case: Case, traced: tuple[Stack, torch.fx.GraphModule], monkeypatch: pytest.MonkeyPatch
+def test_each_bad_input_raises_the_documented_error(
+    case: Case, traced: torch.fx.GraphModule, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gm = _copy(traced[1])
-    with monkeypatch.context() as mp:
-        if case.setup is not None:
-            case.setup(gm, mp)
-        before = graph_snapshot(gm)
-        with pytest.raises(case.exc) as info:
-            case.call(gm)
-    message = str(info.value)
-    for word in case.names:
-        assert word in message, f"{word!r} not in {message!r}"
-    assert graph_snapshot(gm) == before
+    gm = _fresh(traced)
+    before = snapshot(gm)
+    with monkeypatch.context() as mp, pytest.raises(case.exc) as raised:
+        if case.setup:
+            case.setup(mp)
+        case.call(gm)
+    assert type(raised.value) is case.exc, f"{type(raised.value).__name__}: {raised.value}"
+    unnamed = [word for word in case.names if word not in str(raised.value)]
+    assert not unnamed, f"message {str(raised.value)!r} does not name {unnamed}"
+    assert snapshot(gm) == before, "a refused call modified the graph"
 
 
 def test_catalogue_size() -> None:
-    assert len(CASES) >= 40
+    assert len(CASES) >= 44
 
 
-def test_unsupported_torch_error_is_a_runtime_error() -> None:
-    """Callers guarding with ``except RuntimeError`` (the previous type) keep working."""
-    assert issubclass(UNSUPPORTED, RuntimeError)
+def test_unsupported_torch_error_follows_the_shared_convention() -> None:
+    """One error type per package, deriving from ap-tags' convention (a RuntimeError, so
+    callers guarding with ``except RuntimeError`` keep working), exported with TESTED_TORCH."""
+    assert issubclass(UnsupportedTorchError, ap_tags.torch_support.UnsupportedTorchError)
+    assert issubclass(UnsupportedTorchError, RuntimeError)
+    assert E.UnsupportedTorchError is UnsupportedTorchError
+    assert {"TESTED_TORCH", "UnsupportedTorchError"} <= set(E.__all__)
+    err = E._compat.SUPPORT.missing("torch.thing")
+    assert type(err) is UnsupportedTorchError
+    assert (err.package, err.internal, err.tested) == ("ap-epchunk", "torch.thing", E.TESTED_TORCH)

@@ -2,40 +2,53 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
-from _epchunk_testlib import Stack, graph_snapshot, run_eager_chunked, run_graph, trace
 from ap_epchunk import ChunkConfig, chunk_pass, concretize_chunk_symbols
-from ap_tags._keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
+from ap_tags import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
+from ap_testing.chunking import Stack, run_joint
+from ap_testing.graphs import snapshot
 
 aten = torch.ops.aten
 D, LAYERS = 8, 2
 
 
-def _setup(n: int, symbolic: bool, early: bool, seed: int = 0):
-    torch.manual_seed(seed)
-    model = Stack(D, LAYERS)
-    x, y = torch.randn(4 * n, D), torch.randn(4 * n, D)
-    gm = trace(model, x, y, symbolic=symbolic)
-    ref, _ = run_graph(gm, model, x, y)
-    cfg = ChunkConfig(
-        module_patterns=("layers.*",),
-        num_chunks=n,
-        early_grad_accumulation=early,
-        chunk_inputs=() if symbolic else ("x_1", "y_1"),
-    )
-    return model, x, y, gm, ref, cfg
+@pytest.fixture
+def setup(trace: Any) -> Callable[..., tuple[Any, ...]]:
+    """``setup(n, symbolic, early)``: a traced MLP stack on ``4 * n`` tokens, its unchunked
+    outputs and the matching ``ChunkConfig``."""
+
+    def make(n: int, symbolic: bool, early: bool, seed: int = 0) -> tuple[Any, ...]:
+        torch.manual_seed(seed)
+        model = Stack(D, LAYERS)
+        x, y = torch.randn(4 * n, D), torch.randn(4 * n, D)
+        gm = trace(model, x, y, symbolic=symbolic)
+        ref, _ = run_joint(gm, model, x, y)
+        cfg = ChunkConfig(
+            module_patterns=("layers.*",),
+            num_chunks=n,
+            early_grad_accumulation=early,
+            chunk_inputs=() if symbolic else ("x_1", "y_1"),
+        )
+        return model, x, y, gm, ref, cfg
+
+    return make
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
 @pytest.mark.parametrize("n", [2, 4])
-def test_graph_chunking_equals_eager_chunking_bitwise(n: int, symbolic: bool) -> None:
-    model, x, y, gm, unchunked, cfg = _setup(n, symbolic, early=False)
+def test_graph_chunking_equals_eager_chunking_bitwise(
+    n: int, symbolic: bool, setup: Any, run_eager_chunked: Any
+) -> None:
+    model, x, y, gm, unchunked, cfg = setup(n, symbolic, early=False)
     report = chunk_pass(gm, cfg)
     assert {(r.root, r.backward) for r in report.regions} == {
         (f"layers.{i}", bw) for i in range(LAYERS) for bw in (False, True)
     }
-    out, _ = run_graph(gm, model, x, y)
+    out, _ = run_joint(gm, model, x, y)
     eager, _ = run_eager_chunked(model, "layers", None, x, y, n)
     assert len(out) == len(eager) == 2 + 4 * LAYERS
     for got, want, full in zip(out, eager, unchunked, strict=True):
@@ -43,15 +56,15 @@ def test_graph_chunking_equals_eager_chunking_bitwise(n: int, symbolic: bool) ->
         torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6)
     if symbolic:
         concretize_chunk_symbols(gm)
-        again, _ = run_graph(gm, model, x, y)
+        again, _ = run_joint(gm, model, x, y)
         assert all(torch.equal(a, b) for a, b in zip(again, out, strict=True))
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
-def test_early_accumulation_sums_partials_before_the_transpose(symbolic: bool) -> None:
-    model, x, y, gm, unchunked, cfg = _setup(2, symbolic, early=True)
+def test_early_accumulation_sums_partials_before_the_transpose(symbolic: bool, setup: Any) -> None:
+    model, x, y, gm, unchunked, cfg = setup(2, symbolic, early=True)
     chunk_pass(gm, cfg)
-    out, _ = run_graph(gm, model, x, y)
+    out, _ = run_joint(gm, model, x, y)
     for got, full in zip(out, unchunked, strict=True):
         torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6)
     output = next(iter(gm.graph.find_nodes(op="output")))
@@ -64,8 +77,8 @@ def test_early_accumulation_sums_partials_before_the_transpose(symbolic: bool) -
         assert [a.target for a in g.args] == [aten.mm.default] * 2
 
 
-def test_structure_shared_params_single_split_no_cat_then_split() -> None:
-    model, x, y, gm, _, cfg = _setup(2, True, early=False)
+def test_structure_shared_params_single_split_no_cat_then_split(setup: Any) -> None:
+    model, x, y, gm, _, cfg = setup(2, True, early=False)
     param_transposes = len(
         [n for n in gm.graph.nodes if n.target is aten.t.default and n.args[0].op == "placeholder"]
     )
@@ -86,8 +99,8 @@ def test_structure_shared_params_single_split_no_cat_then_split() -> None:
     gm.graph.lint()
 
 
-def test_new_nodes_carry_val_custom_and_readable_names() -> None:
-    model, x, y, gm, _, cfg = _setup(4, True, early=True)
+def test_new_nodes_carry_val_custom_and_readable_names(setup: Any) -> None:
+    model, x, y, gm, _, cfg = setup(4, True, early=True)
     before = {n.name for n in gm.graph.nodes}
     chunk_pass(gm, cfg)
     names = {n.name for n in gm.graph.nodes}
@@ -102,26 +115,28 @@ def test_new_nodes_carry_val_custom_and_readable_names() -> None:
             assert node.name.endswith(f"_chunk{custom[CHUNK_INDEX]}")
 
 
-def test_chunk_values_are_symbolic_halves_until_concretized() -> None:
-    model, x, y, gm, _, cfg = _setup(2, True, early=False)
+def test_chunk_values_are_symbolic_halves_until_concretized(setup: Any) -> None:
+    model, x, y, gm, _, cfg = setup(2, True, early=False)
     chunk_pass(gm, cfg)
     addmm0 = next(n for n in gm.graph.nodes if n.name == "addmm_chunk0")
     assert str(addmm0.meta["val"].shape[0]) == "(u0//2)"
-    snapshot = graph_snapshot(gm)
+    before = snapshot(gm)
     concretize_chunk_symbols(gm)
-    assert graph_snapshot(gm) != snapshot
+    assert snapshot(gm) != before
     assert addmm0.meta["val"].shape[0] == 4
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
-def test_batch_chunking_through_flattening_views(symbolic: bool) -> None:
+def test_batch_chunking_through_flattening_views(
+    symbolic: bool, trace: Any, run_eager_chunked: Any
+) -> None:
     # [B, S, D] inputs: nn.Linear flattens to [B*S, D] and back, so the chunk dim must be
     # carried through view/_unsafe_view shape lists (static) or symbolic sizes (unbacked)
     torch.manual_seed(0)
     model = Stack(D, 2)
     x, y = torch.randn(4, 3, D), torch.randn(4, 3, D)
     gm = trace(model, x, y, symbolic=symbolic)
-    unchunked, _ = run_graph(gm, model, x, y)
+    unchunked, _ = run_joint(gm, model, x, y)
     chunk_pass(
         gm,
         ChunkConfig(
@@ -132,7 +147,7 @@ def test_batch_chunking_through_flattening_views(symbolic: bool) -> None:
     )
     if symbolic:
         concretize_chunk_symbols(gm)
-    out, _ = run_graph(gm, model, x, y)
+    out, _ = run_joint(gm, model, x, y)
     eager, _ = run_eager_chunked(model, "layers", None, x, y, 2)
     for got, want, full in zip(out, eager, unchunked, strict=True):
         assert torch.equal(got, want)

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
-from _epchunk_testlib import MoEBlock, Stack, run_eager_chunked, run_graph, trace
 from ap_epchunk import ChunkConfig, chunk_pass, concretize_chunk_symbols
+from ap_testing.chunking import MoEBlock, Stack, run_joint
 
 aten = torch.ops.aten
 D = 8
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
-def test_moe_chunking_equals_eager_chunking(symbolic: bool) -> None:
+def test_moe_chunking_equals_eager_chunking(
+    symbolic: bool, trace: Any, run_eager_chunked: Any
+) -> None:
     torch.manual_seed(0)
     model = Stack(D, 2, MoEBlock)
     x, y = torch.randn(8, D), torch.randn(8, D)
     gm = trace(model, x, y, symbolic=symbolic)
-    unchunked, unchunked_buffers = run_graph(gm, model, x, y)
+    unchunked, unchunked_buffers = run_joint(gm, model, x, y)
     report = chunk_pass(
         gm,
         ChunkConfig(
@@ -38,7 +42,7 @@ def test_moe_chunking_equals_eager_chunking(symbolic: bool) -> None:
     assert len(report.mutation_chains) == 0  # the add_ results have no full users
     if symbolic:
         concretize_chunk_symbols(gm)
-    out, buffers = run_graph(gm, model, x, y)
+    out, buffers = run_joint(gm, model, x, y)
     eager, eager_buffers = run_eager_chunked(model, "layers", "moe", x, y, 2)
     for got, want, full in zip(out, eager, unchunked, strict=True):
         assert torch.equal(got, want)

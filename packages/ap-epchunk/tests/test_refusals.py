@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
-from _epchunk_testlib import Stack, graph_snapshot, trace
 from ap_epchunk import ChunkConfig, ChunkError, chunk_pass
+from ap_testing.chunking import Stack
+from ap_testing.graphs import snapshot
 from torch import nn
 
 D = 8
@@ -45,15 +48,15 @@ class StatsModel(nn.Module):
 
 
 def _refuses(gm: torch.fx.GraphModule, config: ChunkConfig, match: str) -> ChunkError:
-    before = graph_snapshot(gm)
+    before = snapshot(gm)
     with pytest.raises(ChunkError, match=match) as info:
         chunk_pass(gm, config)
-    assert graph_snapshot(gm) == before
+    assert snapshot(gm) == before
     return info.value
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
-def test_sequence_chunking_across_attention(symbolic: bool) -> None:
+def test_sequence_chunking_across_attention(symbolic: bool, trace: Any) -> None:
     torch.manual_seed(0)
     model = Stack(D, 1, Attention)
     x, y = torch.randn(8, D), torch.randn(8, D)
@@ -67,7 +70,7 @@ def test_sequence_chunking_across_attention(symbolic: bool) -> None:
     assert err.node_name is not None
 
 
-def test_value_without_chunk_dim_escaping_to_full_users() -> None:
+def test_value_without_chunk_dim_escaping_to_full_users(trace: Any) -> None:
     torch.manual_seed(0)
     model = StatsModel()
     x, y = torch.randn(8, D), torch.randn(8, D)
@@ -81,7 +84,7 @@ def test_value_without_chunk_dim_escaping_to_full_users() -> None:
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "unbacked"])
-def test_chunk_extent_not_divisible(symbolic: bool) -> None:
+def test_chunk_extent_not_divisible(symbolic: bool, trace: Any) -> None:
     model = Stack(D, 1)
     x, y = torch.randn(6, D), torch.randn(6, D)
     gm = trace(model, x, y, symbolic=symbolic)
@@ -92,7 +95,7 @@ def test_chunk_extent_not_divisible(symbolic: bool) -> None:
     assert err.node_name == "x_1"
 
 
-def test_no_region_matched() -> None:
+def test_no_region_matched(trace: Any) -> None:
     model = Stack(D, 1)
     gm = trace(model, torch.randn(8, D), torch.randn(8, D), symbolic=True)
     _refuses(
@@ -102,7 +105,7 @@ def test_no_region_matched() -> None:
     )
 
 
-def test_no_chunk_dimension_and_unknown_chunk_input() -> None:
+def test_no_chunk_dimension_and_unknown_chunk_input(trace: Any) -> None:
     model = Stack(D, 1)
     gm = trace(model, torch.randn(8, D), torch.randn(8, D), symbolic=False)
     _refuses(gm, ChunkConfig(module_patterns=("layers.*",)), "no chunk dimension")
@@ -113,11 +116,9 @@ def test_no_chunk_dimension_and_unknown_chunk_input() -> None:
     )
 
 
-def test_interleaved_regions() -> None:
-    from _epchunk_testlib import GraphBuilder
-
+def test_interleaved_regions(fake_graph: Any) -> None:
     aten = torch.ops.aten
-    b = GraphBuilder()
+    b = fake_graph()
     x = b.placeholder("x", b.fake(b.unbacked(8), 3))
     a1 = b.op(aten.relu.default, x, fqn="layers.0")
     b1 = b.op(aten.neg.default, a1, fqn="layers.1")

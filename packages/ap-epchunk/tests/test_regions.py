@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from _epchunk_testlib import GraphBuilder
 from ap_epchunk import ChunkConfig, chunk_pass
 from ap_epchunk._regions import find_regions, module_fqns, root_of
 
@@ -17,8 +18,8 @@ def test_root_of_matches_leading_components_with_fnmatch() -> None:
     assert root_of("layers", ("layers.*",)) is None
 
 
-def test_nn_module_stack_fallback_and_backward_fqn_from_seq_nr() -> None:
-    b = GraphBuilder()
+def test_nn_module_stack_fallback_and_backward_fqn_from_seq_nr(fake_graph: Any) -> None:
+    b = fake_graph()
     u0 = b.unbacked(8)
     w = b.placeholder("w", b.fake(3, 3))
     x = b.placeholder("x", b.fake(u0, 3))

@@ -1,20 +1,23 @@
-"""Regression tests for the reference implementation's defects (reference notes §9)."""
+"""Regressions: a backward suffix replayed once through a view whose size is a symbolic scalar
+(early accumulation), and a symbolic scalar live-out that must stay a Python int."""
 
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
-from _epchunk_testlib import GraphBuilder
 from ap_epchunk import ChunkConfig, chunk_pass, concretize_chunk_symbols
 
 aten = torch.ops.aten
 
 
-def test_backward_suffix_with_symbolic_view_under_early_accumulation_lints_clean() -> None:
+def test_backward_suffix_with_symbolic_view_under_early_accumulation_lints_clean(
+    fake_graph: Any,
+) -> None:
     # mm(grad_out[u0, 3], w) -> view([3 * u0]) -> full user; the view's shape is a scalar
     # computed outside the region from the chunk symbol.
-    b = GraphBuilder()
+    b = fake_graph()
     u0 = b.unbacked(8)
     w = b.placeholder("w", b.fake(3, 3))
     g = b.placeholder("grad_out", b.fake(u0, 3))
@@ -39,8 +42,8 @@ def test_backward_suffix_with_symbolic_view_under_early_accumulation_lints_clean
     assert torch.equal(gm(w_real, g_real)[0], want)
 
 
-def test_symbolic_scalar_live_out_stays_an_int() -> None:
-    b = GraphBuilder()
+def test_symbolic_scalar_live_out_stays_an_int(fake_graph: Any) -> None:
+    b = fake_graph()
     u0 = b.unbacked(8)
     x = b.placeholder("x", b.fake(u0, 3))
     size = b.op(aten.sym_size.int, x, 0, fqn="layers.0")

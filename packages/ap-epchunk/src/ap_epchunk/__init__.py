@@ -5,12 +5,17 @@ of a joint graph into N chunks along the token dim; ``concretize_chunk_symbols(g
 replaces the chunk symbols by their hints before codegen. ``EagerChunked`` is the eager
 numerical reference; ``trace_joint`` traces a training step into a joint graph with the
 metadata the pass reads.
+
+``TESTED_TORCH`` lists the torch versions the package is tested on; ``UnsupportedTorchError``
+(an ``ap_tags.torch_support.UnsupportedTorchError``, a ``RuntimeError``) is raised when the
+installed torch lacks an internal the package needs.
 """
 
+from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._concretize import ConcretizeReport, concretize_chunk_symbols
 from ._config import ChunkConfig, ChunkReport, RegionSummary
 from ._eager import EagerChunked
-from ._errors import ChunkError, UnsupportedTorchError
+from ._errors import ChunkError
 from ._marking import mark_chunk_dim
 from ._passes import chunk_pass
 from ._tracing import trace_joint
@@ -24,6 +29,7 @@ __all__ = [
     "ConcretizeReport",
     "EagerChunked",
     "RegionSummary",
+    "TESTED_TORCH",
     "UnsupportedTorchError",
     "__version__",
     "chunk_pass",

@@ -1,53 +1,58 @@
-"""Feature-detected access to the torch internals this package relies on (torch 2.13-2.15).
+"""Every torch internal ap-epchunk uses, looked up at call time and feature-detected.
 
-Everything version-sensitive lives here so the rest of the package reads like plain FX code:
+See :mod:`ap_tags.torch_support` for the convention all ap packages follow. The rest of the
+package reads like plain FX code and reaches torch internals only through the functions here:
 
-* ``require_internals`` fails early, naming the supported range, when an internal is missing.
-* ``no_pending_fresh_symbols`` is the torch 2.13 fix for tracing pre-fakified unbacked inputs:
-  on 2.13 a symbol created by ``ShapeEnv.create_unbacked_symint`` stays in
-  ``pending_fresh_unbacked_symbols`` and ``make_fx`` then tries to bind it to the *list* of
-  placeholder proxies (``AssertionError: Expected Proxy, got [Proxy(x_1), ...]``). Creating
-  input symbols under ``ShapeEnv.ignore_fresh_unbacked_symbols`` keeps them out of that list;
-  2.14+ behave the same way with or without it, so the fix is applied unconditionally and is
-  scoped to the creation of the input fakes.
-* ``optimization_hint`` reads the hint an unbacked symbol was marked with.
+* ``require_internals`` fails early, naming every missing internal and the tested versions.
+* ``new_hinted_unbacked_symint`` creates a chunk symbol: an unbacked SymInt with an
+  optimization hint that ``make_fx`` will not try to rebind. On torch 2.13 a symbol created by
+  ``ShapeEnv.create_unbacked_symint`` stays in ``pending_fresh_unbacked_symbols`` and
+  ``make_fx`` then tries to bind it to the *list* of placeholder proxies (``AssertionError:
+  Expected Proxy, got [Proxy(x_1), ...]``). Creating input symbols under
+  ``ShapeEnv.ignore_fresh_unbacked_symbols`` keeps them out of that list; 2.14+ behave the same
+  way with or without it, so it is applied unconditionally, scoped to the creation of the
+  input fakes.
+* ``optimization_hint`` reads the hint an unbacked symbol was marked with (the ShapeEnv's
+  ``var_to_hint_override`` table).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
+from ap_tags import torch_support
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from ._errors import UnsupportedTorchError
+#: The torch versions ap-epchunk is tested on (the only place they are written).
+TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
 
-SUPPORTED = ">=2.13,<2.16"
+
+class UnsupportedTorchError(torch_support.UnsupportedTorchError):
+    """A torch internal ap-epchunk relies on is missing from the installed torch."""
+
+
+SUPPORT = torch_support.TorchSupport("ap-epchunk", TESTED_TORCH, UnsupportedTorchError)
+
+#: Logger of torch's fake-tensor dispatch: it prints a traceback for every op that fails under
+#: fake mode, and a failing static-shape probe is an answer, not an error.
+FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+
+_SHAPE_ENV_METHODS = ("ignore_fresh_unbacked_symbols", "create_unbacked_symint")
 
 
 def require_internals() -> None:
-    """Raise a clear error when an internal this package needs is missing."""
-    missing = [
-        name
-        for name, ok in (
-            ("ShapeEnv.var_to_hint_override", _has_hint_overrides()),
-            (
-                "ShapeEnv.ignore_fresh_unbacked_symbols",
-                hasattr(ShapeEnv, "ignore_fresh_unbacked_symbols"),
-            ),
-            ("ShapeEnv.create_unbacked_symint", hasattr(ShapeEnv, "create_unbacked_symint")),
-            ("torch._dynamo.decorators.mark_unbacked", _has_mark_unbacked()),
-        )
-        if not ok
-    ]
+    """Raise ``UnsupportedTorchError`` naming every internal the passes need that is missing."""
+    missing = [f"ShapeEnv.{name}" for name in _SHAPE_ENV_METHODS if not hasattr(ShapeEnv, name)]
+    if not _has_hint_overrides():
+        missing.append("ShapeEnv.var_to_hint_override")
+    if not _has_attr("torch._dynamo.decorators", "mark_unbacked"):
+        missing.append("torch._dynamo.decorators.mark_unbacked")
     if missing:
-        raise UnsupportedTorchError(
-            f"ap-epchunk needs torch {SUPPORTED}; this torch ({torch.__version__}) lacks "
-            + ", ".join(missing)
-        )
+        raise SUPPORT.missing(", ".join(missing))
 
 
 def _has_hint_overrides() -> bool:
@@ -57,42 +62,76 @@ def _has_hint_overrides() -> bool:
         return False
 
 
-def mark_unbacked_fn() -> Any:
-    """``torch._dynamo.decorators.mark_unbacked``, or UnsupportedTorchError naming it."""
-    if not _has_mark_unbacked():
-        raise UnsupportedTorchError(
-            f"ap-epchunk needs torch {SUPPORTED}; this torch ({torch.__version__}) lacks "
-            "torch._dynamo.decorators.mark_unbacked"
-        )
-    from torch._dynamo import decorators
-
-    return decorators.mark_unbacked
-
-
-def _has_mark_unbacked() -> bool:
+def _has_attr(module: str, name: str) -> bool:
     try:
-        from torch._dynamo import decorators
-    except ImportError:  # pragma: no cover - torch without dynamo
+        SUPPORT.attr(module, name)
+    except UnsupportedTorchError:
         return False
-    return hasattr(decorators, "mark_unbacked")
+    return True
 
 
-@contextlib.contextmanager
-def no_pending_fresh_symbols(shape_env: ShapeEnv) -> Iterator[None]:
-    """Create input symbols so that ``make_fx`` does not try to bind them (torch 2.13 fix)."""
-    with shape_env.ignore_fresh_unbacked_symbols():
-        yield
+def mark_unbacked_fn() -> Callable[..., Any]:
+    """``torch._dynamo.decorators.mark_unbacked``."""
+    fn: Callable[..., Any] = SUPPORT.attr("torch._dynamo.decorators", "mark_unbacked")
+    return fn
+
+
+def stacktrace_preservation_hooks() -> Callable[[list[Any]], None]:
+    """AOTAutograd's ``setup_stacktrace_preservation_hooks``: autograd-graph hooks that stamp
+    ``autograd_backward`` and the forward ``seq_nr`` on the backward nodes traced from them."""
+    fn: Callable[[list[Any]], None] = SUPPORT.attr(
+        "torch._functorch._aot_autograd.logging_utils", "setup_stacktrace_preservation_hooks"
+    )
+    return fn
+
+
+def fake_tensor_mode(shape_env: ShapeEnv) -> Any:
+    """A ``FakeTensorMode`` over ``shape_env`` that also accepts real inputs."""
+    mode_type = SUPPORT.attr("torch._subclasses.fake_tensor", "FakeTensorMode")
+    return mode_type(shape_env=shape_env, allow_non_fake_inputs=True)
+
+
+@functools.cache
+def _pytree() -> Any:
+    return SUPPORT.attrs("torch.utils._pytree", ("tree_leaves", "tree_map"))
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of a nest of lists/tuples/dicts (torch's pytree)."""
+    leaves: list[Any] = _pytree().tree_leaves(tree)
+    return leaves
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` with ``fn`` applied to every leaf (torch's pytree)."""
+    return _pytree().tree_map(fn, tree)
+
+
+def floor_div(expr: sympy.Expr, divisor: int) -> sympy.Expr:
+    """``expr // divisor`` as torch's own sympy ``FloorDiv`` (what symbolic sizes are made of)."""
+    floor_div_type = SUPPORT.attr("torch.utils._sympy.functions", "FloorDiv")
+    result: sympy.Expr = floor_div_type(expr, divisor)
+    return result
+
+
+@functools.cache
+def all_reduce_op() -> Any | None:
+    """``torch.ops._c10d_functional.all_reduce.default``; None when this torch lacks it (then
+    no graph can contain one)."""
+    try:
+        return torch.ops._c10d_functional.all_reduce.default
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def new_hinted_unbacked_symint(shape_env: ShapeEnv, hint: int) -> torch.SymInt:
     """An unbacked SymInt whose optimization hint is ``hint`` and that make_fx won't rebind."""
-    from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size
-
-    with no_pending_fresh_symbols(shape_env):
+    constrain = SUPPORT.attr("torch.fx.experimental.symbolic_shapes", "_constrain_range_for_size")
+    with shape_env.ignore_fresh_unbacked_symbols():
         sym = shape_env.create_unbacked_symint()
     # size-like with a lower bound of 2, as mark_unbacked(min=...) does: tracing may then
     # decide "is this dim 0 or 1?" without guarding on the data-dependent symbol
-    _constrain_range_for_size(sym, min=2, max=None)
+    constrain(sym, min=2, max=None)
     shape_env.var_to_hint_override[sym.node.expr] = hint
     return sym
 
@@ -118,3 +157,19 @@ def shape_env_of(value: Any) -> ShapeEnv | None:
             env3: ShapeEnv | None = fake_mode.shape_env
             return env3
     return None
+
+
+def fake_from_meta(value: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """``meta`` (a meta-device tensor) as a tensor of ``value``'s kind: a fake tensor of
+    ``value``'s fake mode and device, or ``meta`` itself when ``value`` is not fake.
+
+    Wrapping the meta tensor directly costs several times less than dispatching a factory
+    through the fake mode, for each of thousands of nodes, and does not grow its cache.
+    """
+    fake_mode = getattr(value, "fake_mode", None)
+    if fake_mode is None:
+        return meta
+    fake: torch.Tensor = fake_mode.fake_tensor_converter.from_meta_and_device(
+        fake_mode, meta, value.device
+    )
+    return fake

@@ -27,9 +27,11 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
+from ap_tags.checks import require_graph_module, require_instance
+from ap_tags.scoped import paused_gc
 
 from ._errors import ChunkError
-from ._passes import CHUNK_SYMBOLS_META, gc_paused
+from ._passes import CHUNK_SYMBOLS_META
 from ._shapes import find_chunk_symbols
 from ._symbols import free_symbols, subst_value
 
@@ -220,16 +222,16 @@ def concretize_chunk_symbols(
     ``example_inputs``, when a list, has its fake tensors carrying chunk symbols replaced in
     place by concrete ones, so it keeps matching the placeholders.
     """
-    if not isinstance(gm, torch.fx.GraphModule):
-        raise TypeError(
-            f"concretize_chunk_symbols: gm must be a torch.fx.GraphModule, got {type(gm).__name__}"
+    require_graph_module(gm, where="concretize_chunk_symbols")
+    if example_inputs is not None:
+        require_instance(
+            example_inputs,
+            (list, tuple),
+            where="concretize_chunk_symbols",
+            arg="example_inputs",
+            expected="a list (or tuple, left unchanged) or None",
         )
-    if example_inputs is not None and not isinstance(example_inputs, (list, tuple)):
-        raise TypeError(
-            "concretize_chunk_symbols: example_inputs must be a list (or tuple, left unchanged) "
-            f"or None, got {type(example_inputs).__name__}"
-        )
-    with gc_paused():
+    with paused_gc():
         return _concretize(gm, example_inputs)
 
 

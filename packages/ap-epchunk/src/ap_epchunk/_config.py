@@ -6,6 +6,27 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ap_tags.checks import require_bool, require_instance, require_int
+
+_WHERE = "ChunkConfig"
+
+
+def _names(value: object, arg: str, what: str) -> tuple[str, ...]:
+    """A str (one name) or a sequence of non-empty str, as a tuple.
+
+    A wrong type (not a sequence, or an item that is not a str) raises ``TypeError``; an empty
+    or blank name raises ``ValueError``.
+    """
+    if isinstance(value, str):
+        value = (value,)
+    expected = f"a sequence of str ({what})"
+    items = require_instance(value, Sequence, where=_WHERE, arg=arg, expected=expected)
+    names = tuple(require_instance(v, str, where=_WHERE, arg=arg, expected=expected) for v in items)
+    blank = [n for n in names if not n.strip()]
+    if blank:
+        raise ValueError(f"{_WHERE}: {arg} must hold non-empty str, got {names!r}")
+    return names
+
 
 @dataclass(frozen=True)
 class ChunkConfig:
@@ -32,36 +53,16 @@ class ChunkConfig:
     chunk_inputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        patterns = self.module_patterns
-        if isinstance(patterns, str):
-            patterns = (patterns,)
-        if not isinstance(patterns, Sequence) or not patterns:
-            raise ValueError(
-                f"ChunkConfig.module_patterns must be a non-empty sequence of str, got {patterns!r}"
-            )
-        if not all(isinstance(p, str) and p.strip() for p in patterns):
-            raise ValueError(f"ChunkConfig.module_patterns must hold non-empty str: {patterns!r}")
-        object.__setattr__(self, "module_patterns", tuple(patterns))
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
-            raise ValueError(f"ChunkConfig.dim must be an int >= 0, got {self.dim!r}")
-        n = self.num_chunks
-        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-            raise ValueError(f"ChunkConfig.num_chunks must be an int >= 2, got {n!r}")
-        if not isinstance(self.early_grad_accumulation, bool):
-            raise ValueError(
-                "ChunkConfig.early_grad_accumulation must be a bool, "
-                f"got {self.early_grad_accumulation!r}"
-            )
-        inputs = self.chunk_inputs
-        if isinstance(inputs, str):
-            inputs = (inputs,)
-        if not isinstance(inputs, Sequence):
-            raise ValueError(
-                f"ChunkConfig.chunk_inputs must be a sequence of placeholder names, got {inputs!r}"
-            )
-        if not all(isinstance(i, str) and i for i in inputs):
-            raise ValueError(f"ChunkConfig.chunk_inputs must hold placeholder names: {inputs!r}")
-        object.__setattr__(self, "chunk_inputs", tuple(inputs))
+        patterns = _names(self.module_patterns, "module_patterns", "fnmatch patterns")
+        if not patterns:
+            raise ValueError(f"{_WHERE}: module_patterns must not be empty, got {patterns!r}")
+        object.__setattr__(self, "module_patterns", patterns)
+        require_int(self.dim, where=_WHERE, arg="dim", minimum=0)
+        require_int(self.num_chunks, where=_WHERE, arg="num_chunks", minimum=2)
+        require_bool(self.early_grad_accumulation, where=_WHERE, arg="early_grad_accumulation")
+        object.__setattr__(
+            self, "chunk_inputs", _names(self.chunk_inputs, "chunk_inputs", "placeholder names")
+        )
 
     def replace(self, **changes: object) -> ChunkConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

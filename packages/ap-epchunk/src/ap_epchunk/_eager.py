@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from ap_tags.checks import require_instance, require_int
 from torch import nn
 
 from ._errors import ChunkError
@@ -34,14 +35,10 @@ class EagerChunked(nn.Module):
 
     def __init__(self, module: nn.Module, dim: int, num_chunks: int) -> None:
         super().__init__()
-        if not isinstance(module, nn.Module):
-            raise TypeError(
-                f"EagerChunked: module must be an nn.Module, got {type(module).__name__}"
-            )
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 2:
-            raise ValueError(f"EagerChunked: num_chunks must be an int >= 2, got {num_chunks!r}")
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            raise ValueError(f"EagerChunked: dim must be an int, got {dim!r}")
+        where = "EagerChunked"
+        require_instance(module, nn.Module, where=where, arg="module", expected="an nn.Module")
+        require_int(num_chunks, where=where, arg="num_chunks", minimum=2)
+        require_int(dim, where=where, arg="dim")
         self.module = module
         self.dim = dim
         self.num_chunks = num_chunks

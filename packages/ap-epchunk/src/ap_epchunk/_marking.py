@@ -10,6 +10,7 @@ chunk dim through ``ChunkConfig.chunk_inputs``.
 from __future__ import annotations
 
 import torch
+from ap_tags.checks import require_instance, require_int
 
 from ._compat import mark_unbacked_fn
 from ._errors import ChunkError
@@ -22,22 +23,24 @@ def mark_chunk_dim(tensor: torch.Tensor, dim: int, *, hint: int | None) -> torch
     """Mark ``tensor``'s ``dim`` as the chunk (token) dimension; returns ``tensor``.
 
     ``hint`` is the extent the graph will be concretized to (normally ``tensor.shape[dim]``);
-    it must be even-ly divisible by the number of chunks later. ``hint=None`` keeps the dim
+    it must be evenly divisible by the number of chunks later. ``hint=None`` keeps the dim
     static (nothing is marked for Dynamo; the extent is the tensor's own size).
+
+    An argument of the wrong type raises ``TypeError``; a 0-d tensor, a ``dim`` out of range or
+    a ``hint`` below 2 raise ``ChunkError`` (a ``ValueError``).
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise ChunkError(
-            f"mark_chunk_dim: tensor must be a torch.Tensor, got {type(tensor).__name__}"
-        )
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise ChunkError(f"mark_chunk_dim: dim must be an int, got {dim!r}")
+    where = "mark_chunk_dim"
+    require_instance(tensor, torch.Tensor, where=where, arg="tensor", expected="a torch.Tensor")
+    require_int(dim, where=where, arg="dim")
+    if hint is not None:
+        require_int(hint, where=where, arg="hint")
     if tensor.dim() == 0:
         raise ChunkError(f"mark_chunk_dim: cannot mark dim {dim} of a 0-d tensor")
     if not -tensor.dim() <= dim < tensor.dim():
         raise ChunkError(f"mark_chunk_dim: dim {dim} out of range for shape {tuple(tensor.shape)}")
     dim %= tensor.dim()
     if hint is not None:
-        if isinstance(hint, bool) or not isinstance(hint, int) or hint < 2:
+        if hint < 2:
             raise ChunkError(f"mark_chunk_dim: hint must be an int >= 2, got {hint!r}")
         mark_unbacked_fn()(tensor, dim, hint_override=hint)
     marks = dict(getattr(tensor, CHUNK_DIMS_ATTR, {}))

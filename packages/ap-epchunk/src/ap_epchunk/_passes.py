@@ -1,25 +1,25 @@
 """``chunk_pass``: plan on a copy of the graph, rewrite the copy, swap it in only on success.
 
 Working on a copy is what makes every refusal (``ChunkError`` from the planner) and every
-unexpected failure leave the caller's graph exactly as it was: same code, same metas.
+unexpected failure leave the caller's graph exactly as it was: same code, same metas. The
+cyclic garbage collector is paused for the duration (``ap_tags.scoped.paused_gc``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import gc
 import logging
-from collections.abc import Iterator
 
 import torch.fx
+from ap_tags.checks import require_graph_module, require_instance
+from ap_tags.scoped import paused_gc
 
 from ._compat import require_internals
 from ._config import ChunkConfig, ChunkReport
 from ._errors import ChunkError
 from ._plan import make_plan
 from ._regions import find_regions, module_fqns
-from ._rewrite import apply_plan
+from ._rewrite import Rewriter
 from ._shapes import build_shapes
 
 log = logging.getLogger(__name__)
@@ -28,31 +28,17 @@ log = logging.getLogger(__name__)
 CHUNK_SYMBOLS_META = "ap_epchunk_chunk_symbols"
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC for the duration of a pass, restoring its previous state.
-
-    The passes allocate tens of thousands of long-lived objects (nodes, SymNodes, fake
-    tensors); with the collector on, generation-2 collections over the whole heap make the pass
-    time grow faster than the graph. Reference counting still frees everything acyclic.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def chunk_pass(gm: torch.fx.GraphModule, config: ChunkConfig) -> ChunkReport:
     """Split the regions selected by ``config`` into ``config.num_chunks`` chunks."""
-    if not isinstance(gm, torch.fx.GraphModule):
-        raise TypeError(f"chunk_pass: gm must be a torch.fx.GraphModule, got {type(gm).__name__}")
-    if not isinstance(config, ChunkConfig):
-        raise TypeError(f"chunk_pass expects a ChunkConfig, got {type(config).__name__}")
+    require_graph_module(gm, where="chunk_pass")
+    require_instance(
+        config, ChunkConfig, where="chunk_pass", arg="config", expected="a ChunkConfig"
+    )
     require_internals()
-    with gc_paused():
+    # the pass allocates tens of thousands of long-lived objects (nodes, SymNodes, fake
+    # tensors); generation-2 collections over the whole heap would make its time grow faster
+    # than the graph
+    with paused_gc():
         return _chunk_pass(gm, config)
 
 
@@ -71,7 +57,7 @@ def _chunk_pass(gm: torch.fx.GraphModule, config: ChunkConfig) -> ChunkReport:
     plan = make_plan(regions, shapes, config.early_grad_accumulation)
     report = ChunkReport(num_chunks=config.num_chunks, mode=shapes.mode)
     report.chunk_symbols = {str(s): h for s, h in shapes.symbol_hints().items()}
-    apply_plan(work, plan, shapes, fqns, report)
+    Rewriter(work, plan, shapes, fqns, report).run()
     work.lint()
     gm.graph = work
     if report.chunk_symbols:

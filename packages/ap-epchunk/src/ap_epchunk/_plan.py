@@ -28,13 +28,14 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
+from ap_tags.graph import is_reduce_scatter, is_wait
 
+from ._compat import all_reduce_op
 from ._errors import ChunkError
 from ._regions import Region
 from ._shapes import MULTI, ChunkShapes, Unknown
 
 aten = torch.ops.aten
-_c10d = getattr(torch.ops, "_c10d_functional", None)
 
 
 @dataclass(eq=False)
@@ -204,36 +205,49 @@ def _check_body_node(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> Non
         )
 
 
-_SUM_TRANSPARENT: set[Any] = {
-    aten.t.default,
-    aten.transpose.int,
-    aten.permute.default,
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.squeeze.dim,
-    aten.unsqueeze.default,
-    aten.alias.default,
-    aten.clone.default,
-    aten.detach.default,
-}
-_CAT_TRANSPARENT: set[Any] = {
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.alias.default,
-    aten.clone.default,
-    aten.detach.default,
-}
+#: Single-input ops a summed live-out may be reached through and that commute with the sum of
+#: the chunk partials (layout only), plus the communicating ``all_reduce`` / reduce-scatter and
+#: waits (see ``_replayable``): the partials are summed before them, they run once.
+_SUM_TRANSPARENT: frozenset[Any] = frozenset(
+    {
+        aten.t.default,
+        aten.transpose.int,
+        aten.permute.default,
+        aten.view.default,
+        aten.reshape.default,
+        aten._unsafe_view.default,
+        aten.squeeze.dim,
+        aten.unsqueeze.default,
+        aten.alias.default,
+        aten.clone.default,
+        aten.detach.default,
+    }
+)
+#: The same for a concatenated live-out (the chunk dim must survive the op; see ``_early_chain``).
+_CAT_TRANSPARENT: frozenset[Any] = frozenset(
+    {
+        aten.view.default,
+        aten.reshape.default,
+        aten._unsafe_view.default,
+        aten.alias.default,
+        aten.clone.default,
+        aten.detach.default,
+    }
+)
 _CAT_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
-if _c10d is not None:
-    for _name in ("all_reduce", "wait_tensor"):
-        _op = getattr(_c10d, _name, None)
-        if _op is not None:
-            _SUM_TRANSPARENT.add(_op.default)
-            _CAT_TRANSPARENT.add(_op.default)
-    if hasattr(_c10d, "reduce_scatter_tensor"):
-        _SUM_TRANSPARENT.add(_c10d.reduce_scatter_tensor.default)
+
+
+def _replayable(node: torch.fx.Node, kind: str) -> bool:
+    """``node`` may run once on the full value instead of once per chunk: a layout op of its
+    kind's set, a wait, an ``all_reduce``, or (summed values only) a reduce-scatter."""
+    if node.target in (_SUM_TRANSPARENT if kind == "sum" else _CAT_TRANSPARENT):
+        return True
+    if is_wait(node):
+        return True
+    all_reduce = all_reduce_op()
+    if all_reduce is not None and node.target is all_reduce:
+        return True
+    return kind == "sum" and is_reduce_scatter(node)
 
 
 def _early_chain(
@@ -242,8 +256,7 @@ def _early_chain(
     """[start, ..., live_out]: the single-input suffix to replay once on the full value."""
     chain = [live_out]
     p = live_out
-    transparent = _SUM_TRANSPARENT if kind == "sum" else _CAT_TRANSPARENT
-    while p.target in transparent and p.args and isinstance(p.args[0], torch.fx.Node):
+    while _replayable(p, kind) and p.args and isinstance(p.args[0], torch.fx.Node):
         q = p.args[0]
         if plan.owner.get(q) is not rp or len(q.users) != 1 or q in rp.chains:
             break

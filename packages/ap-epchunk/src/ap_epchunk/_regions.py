@@ -4,8 +4,9 @@ A node's module FQN comes from ``custom["module_fqn"]`` (ap-tags' ``annotate_mod
 when absent, a backward node borrows the FQN of the forward node with the same ``seq_nr``
 (AOTAutograd and :func:`ap_epchunk.trace_joint` stamp the forward op's ``seq_nr`` on the
 backward ops that differentiate it); the last fallback is the innermost ``nn_module_stack``
-entry. A region is every ``call_function`` node of one direction whose FQN equals a matched
-*root* or lies below it; the root is the FQN truncated to the pattern's length.
+entry. A region is every ``call_function`` node of one direction (``ap_tags.graph.
+is_backward_node``) whose FQN equals a matched *root* or lies below it; the root is the FQN
+truncated to the pattern's length.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch.fx
-from ap_tags import module_fqn
-from ap_tags._keys import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN
+from ap_tags import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN, module_fqn
+from ap_tags.graph import is_backward_node
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,6 @@ class Region:
     root: str
     backward: bool
     candidates: tuple[torch.fx.Node, ...]
-
-
-def is_backward(node: torch.fx.Node) -> bool:
-    return bool(node.meta.get("autograd_backward", False))
 
 
 def _custom_fqn(node: torch.fx.Node) -> str | None:
@@ -44,14 +41,14 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     fqns: dict[torch.fx.Node, str] = {}
     by_seq: dict[int, str] = {}
     for node in graph.nodes:
-        fqn = _custom_fqn(node) if is_backward(node) else module_fqn(node)
+        fqn = _custom_fqn(node) if is_backward_node(node) else module_fqn(node)
         if fqn is not None:
             fqns[node] = fqn
             seq = node.meta.get("seq_nr")
-            if not is_backward(node) and isinstance(seq, int) and seq >= 0:
+            if not is_backward_node(node) and isinstance(seq, int) and seq >= 0:
                 by_seq.setdefault(seq, fqn)
     for node in graph.nodes:
-        if node in fqns or not is_backward(node):
+        if node in fqns or not is_backward_node(node):
             continue
         seq = node.meta.get("seq_nr")
         fqn = by_seq.get(seq) if isinstance(seq, int) else None
@@ -89,5 +86,5 @@ def find_regions(
             continue
         root = root_of(fqns[node], patterns)
         if root is not None:
-            members.setdefault((root, is_backward(node)), []).append(node)
+            members.setdefault((root, is_backward_node(node)), []).append(node)
     return [Region(root, bw, tuple(nodes)) for (root, bw), nodes in members.items()]

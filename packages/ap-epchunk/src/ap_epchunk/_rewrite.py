@@ -1,4 +1,4 @@
-"""Carrying out a :class:`~ap_epchunk._plan.Plan` on a graph.
+"""Carrying out a plan (``ap_epchunk._plan.Plan``) on a graph.
 
 For every region, in graph order, each body node is rewritten *in place* as chunk 0 (renamed
 ``<orig>_chunk0``) and copied for chunks 1..N-1 right after it (``<orig>_chunk<i>``), so the
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from ap_tags._keys import CHUNK_GLUE, CHUNK_INDEX, CHUNK_REGION, CUSTOM, MODULE_FQN
+from ap_tags import CHUNK_GLUE, CHUNK_INDEX, CHUNK_REGION, CUSTOM, MODULE_FQN
 
 from ._config import ChunkReport, RegionSummary
 from ._plan import Materialize, Plan, RegionPlan, is_mutating
@@ -34,8 +34,11 @@ def sum_order(num_chunks: int) -> list[int]:
     return list(reversed(range(num_chunks)))
 
 
-class _Rewriter:
-    """One pass over the plan; keeps the chunk copies, split pieces and full values it made."""
+class Rewriter:
+    """Carries out a plan in one pass: ``Rewriter(graph, plan, shapes, fqns, report).run()``.
+
+    Keeps the chunk copies, split pieces and full values it made, and fills ``report``.
+    """
 
     def __init__(
         self,
@@ -261,13 +264,3 @@ class _Rewriter:
         for node in reversed(list(self.graph.nodes)):
             if node in candidates and not node.users and not is_mutating(node):
                 self.graph.erase_node(node)
-
-
-def apply_plan(
-    graph: torch.fx.Graph,
-    plan: Plan,
-    shapes: ChunkShapes,
-    fqns: dict[torch.fx.Node, str],
-    report: ChunkReport,
-) -> None:
-    _Rewriter(graph, plan, shapes, fqns, report).run()

@@ -26,10 +26,10 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
+from ap_tags.scoped import quiet_logger
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-from torch.utils._sympy.functions import FloorDiv
 
-from ._compat import optimization_hint, shape_env_of
+from ._compat import FAKE_TENSOR_LOGGER, floor_div, optimization_hint, shape_env_of
 from ._errors import ChunkError
 from ._symbols import subst_value
 
@@ -96,7 +96,7 @@ class SymbolicShapes(ChunkShapes):
     def __init__(self, num_chunks: int, hints: dict[sympy.Symbol, int]) -> None:
         super().__init__(num_chunks)
         self.hints = hints
-        self.mapping = {s: FloorDiv(s, num_chunks) for s in hints}
+        self.mapping = {s: floor_div(s, num_chunks) for s in hints}
         self.cache: dict[Any, Any] = {}
 
     def dim(self, node: torch.fx.Node) -> ChunkDim:
@@ -190,18 +190,13 @@ class StaticShapes(ChunkShapes):
 
     def _run(self, graph: torch.fx.Graph) -> None:
         import contextlib
-        import logging
 
         mode = self.fake_mode if self.fake_mode is not None else contextlib.nullcontext()
         # a probe that fails is an answer ("unknown"), not an error: keep the fake-tensor
-        # logger from printing a traceback for each one, and restore its level afterwards
-        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-        level = fake_log.level
-        fake_log.setLevel(logging.CRITICAL)
-        try:
+        # logger from printing a traceback for each one (a scoped patch: its level is restored
+        # on exit, also when several passes probe at once)
+        with quiet_logger(FAKE_TENSOR_LOGGER):
             self._probe_all(graph, mode)
-        finally:
-            fake_log.setLevel(level)
 
     def _probe_all(self, graph: torch.fx.Graph, mode: Any) -> None:
         for node in graph.nodes:

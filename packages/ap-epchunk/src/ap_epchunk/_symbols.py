@@ -13,7 +13,7 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 
-from ._compat import shape_env_of
+from ._compat import fake_from_meta
 
 SymMap = Mapping[sympy.Symbol, sympy.Expr]
 
@@ -101,15 +101,7 @@ def subst_value(value: Any, mapping: SymMap, cache: dict[Any, Any] | None = None
 def new_fake_like(value: torch.Tensor, shape: list[Any], stride: list[Any]) -> torch.Tensor:
     """A tensor of ``value``'s kind (fake mode, dtype, device) with a new shape and stride."""
     meta = torch.empty_strided(shape, stride, dtype=value.dtype, device="meta")
-    fake_mode = getattr(value, "fake_mode", None)
-    if fake_mode is None:
-        return meta
-    # wrap the meta tensor directly: dispatching a factory through the fake mode for each of
-    # thousands of nodes costs several times more and grows with the fake-tensor cache
-    fake: torch.Tensor = fake_mode.fake_tensor_converter.from_meta_and_device(
-        fake_mode, meta, value.device
-    )
-    return fake
+    return fake_from_meta(value, meta)
 
 
 def expr_of(value: Any) -> sympy.Expr | None:
@@ -125,5 +117,4 @@ __all__ = [
     "subst_value",
     "new_fake_like",
     "expr_of",
-    "shape_env_of",
 ]

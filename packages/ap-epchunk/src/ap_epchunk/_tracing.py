@@ -7,7 +7,8 @@
   torch's own stack-trace preservation hooks on the autograd graph, so every backward node gets
   ``meta["autograd_backward"] = True`` and ``meta["seq_nr"]`` of the forward op it differentiates
   (the same metadata AOTAutograd's joint graphs carry). The chunk pass maps a backward node to
-  its forward node's ``module_fqn`` through that ``seq_nr``.
+  its forward node's ``module_fqn`` through that ``seq_nr``. The swap of the two functions is
+  a scoped patch (``backward_provenance``): nestable, thread-safe, undone on exit.
 * **hinted unbacked chunk dims**: inputs marked with ``mark_chunk_dim(..., hint=N)`` become fakes
   whose chunk dim is an unbacked SymInt with optimization hint ``N``; inputs marked with the
   same hint share one symbol. The symbols are created with the torch 2.13 pending-symbol fix
@@ -19,59 +20,97 @@ Run it inside ``ap_tags.annotate_module_fqns(model)`` so forward nodes carry the
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
-import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
+from ap_tags.checks import require_callable
+from ap_tags.scoped import ScopedPatch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from ._compat import new_hinted_unbacked_symint, require_internals
+from ._compat import (
+    fake_tensor_mode,
+    new_hinted_unbacked_symint,
+    require_internals,
+    stacktrace_preservation_hooks,
+    tree_leaves,
+    tree_map,
+)
 from ._marking import chunk_dims_of
 
 
 def _install_backward_meta_hooks(outputs: Any) -> None:
-    from torch._functorch._aot_autograd.logging_utils import (
-        setup_stacktrace_preservation_hooks,
-    )
-
     roots = [
         t.grad_fn
-        for t in pytree.tree_leaves(outputs)
+        for t in tree_leaves(outputs)
         if isinstance(t, torch.Tensor) and t.grad_fn is not None
     ]
     if roots:
-        setup_stacktrace_preservation_hooks(roots)
+        stacktrace_preservation_hooks()(roots)
 
 
-@contextlib.contextmanager
-def backward_provenance() -> Iterator[None]:
-    """Scoped patch: autograd.grad / Tensor.backward mark the backward nodes they trace."""
+#: How many ``backward_provenance`` scopes the current thread is inside. The patched functions
+#: are process-wide while any thread holds the patch; they only mark the autograd graphs of
+#: threads that are inside a scope, so a concurrent, unrelated ``autograd.grad`` is untouched.
+_inside = threading.local()
+
+
+def _in_scope() -> bool:
+    depth: int = getattr(_inside, "depth", 0)
+    return depth > 0
+
+
+def _patch_autograd() -> Callable[[], None]:
     orig_grad = torch.autograd.grad
     orig_backward = torch.Tensor.backward
 
+    @functools.wraps(orig_grad)
     def grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-        _install_backward_meta_hooks(outputs)
+        if _in_scope():
+            _install_backward_meta_hooks(outputs)
         return orig_grad(outputs, *args, **kwargs)
 
+    @functools.wraps(orig_backward)
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        _install_backward_meta_hooks(self)
+        if _in_scope():
+            _install_backward_meta_hooks(self)
         return orig_backward(self, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     torch.autograd.grad = grad
     torch.Tensor.backward = backward  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
+
+    def undo() -> None:
         torch.autograd.grad = orig_grad
         torch.Tensor.backward = orig_backward  # type: ignore[method-assign]
 
+    return undo
 
-def _fakeify(args: Any, fake_mode: FakeTensorMode) -> Any:
+
+_AUTOGRAD_PATCH = ScopedPatch("ap_epchunk.backward_provenance", _patch_autograd)
+
+
+@contextlib.contextmanager
+def backward_provenance() -> Iterator[None]:
+    """``torch.autograd.grad`` / ``Tensor.backward`` mark the backward nodes they trace.
+
+    A scoped patch (``ap_tags.scoped.ScopedPatch``): the first entry, in any thread, swaps both
+    functions process-wide; the last exit puts the originals back, also when the body raised.
+    Nested and concurrent scopes share the one swap.
+    """
+    with _AUTOGRAD_PATCH:
+        _inside.depth = getattr(_inside, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            _inside.depth -= 1
+
+
+def _fakeify(args: Any, fake_mode: Any) -> Any:
     shape_env = fake_mode.shape_env
     assert shape_env is not None
     symbols: dict[int, torch.SymInt] = {}
@@ -93,15 +132,14 @@ def _fakeify(args: Any, fake_mode: FakeTensorMode) -> Any:
             fake.requires_grad_(True)
         return fake
 
-    return pytree.tree_map(one, args)
+    return tree_map(one, args)
 
 
 def trace_joint(step: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
     """Trace ``step(*args)`` (forward, loss and ``torch.autograd.grad``) into one graph."""
-    if not callable(step):
-        raise TypeError(f"trace_joint: step must be callable, got {type(step).__name__}")
+    require_callable(step, where="trace_joint", arg="step")
     require_internals()
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fake_mode = fake_tensor_mode(ShapeEnv())
     fake_args = _fakeify(args, fake_mode)
     # make_fx runs under the inputs' fake mode so factory ops inside ``step`` are fake too;
     # on torch 2.13 this is what needs the pending-symbol fix (see ``_compat``)
