@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.fx as fx
-from torch.utils._ordered_set import OrderedSet
 
 from . import _compat
 from ._checks import require_graph_module
+
+if TYPE_CHECKING:
+    from ._compat import OrderedSet
 
 log = logging.getLogger(__name__)
 
 
 def _all_gathers(graph: fx.Graph) -> list[fx.Node]:
-    ops = torch.ops._c10d_functional
-    targets = [ops.all_gather_into_tensor.default, ops.all_gather_into_tensor_out.default]
     found: list[fx.Node] = []
-    for target in targets:
+    for target in _compat.c10d_ops("all_gather_into_tensor", "all_gather_into_tensor_out"):
         found.extend(graph.find_nodes(op="call_function", target=target))
     return found
 
@@ -63,23 +62,23 @@ def primary_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None
     all-gathers; on a tie the group whose first FSDP all-gather is found first wins, so the
     result is deterministic and always a single group.
     """
-    require_graph_module("primary_fsdp_groups", "gm", gm)
+    require_graph_module(gm, where="primary_fsdp_groups")
     counts = fsdp_group_counts(gm)
     if not counts:
-        return OrderedSet(), None
+        return _compat.ordered_set(), None
     primary = max(counts, key=lambda name: counts[name][0])  # max keeps the first on ties
     log.debug(
         "primary_fsdp_groups: primary=%r, counts=%r",
         primary,
         {k: v[0] for k, v in counts.items()},
     )
-    return OrderedSet([primary]), counts[primary][1]
+    return _compat.ordered_set([primary]), counts[primary][1]
 
 
 def all_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None]:
     """Every FSDP group (torch's behaviour), but ``group_size`` from the primary group."""
     counts = fsdp_group_counts(gm)
     if not counts:
-        return OrderedSet(), None
+        return _compat.ordered_set(), None
     primary = max(counts, key=lambda name: counts[name][0])
-    return OrderedSet(counts), counts[primary][1]
+    return _compat.ordered_set(counts), counts[primary][1]

@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _compat
-from ._checks import require_bool
-from ._config import BucketingConfig
+from ._checks import require_bool, require_instance, require_node
+from ._config import BucketingConfig, resolve_config
 from ._metrics import max_consec_compute_between_rs
 from ._patching import patched
 from ._sizes import collective_bytes, hint_int
@@ -36,7 +35,8 @@ from ._source import package_source_hash
 
 log = logging.getLogger(__name__)
 
-# AutoParallel's tuned scheduler settings (torch's own defaults are 5 GB and 200).
+# Tighter than torch's defaults (5 GB in flight, distance 200): overlap may then keep fewer
+# unsharded weights and unreduced gradients alive at once.
 _DEFAULT_SCHEDULE: dict[str, object] = {"max_in_flight_gb": 2.0, "max_coll_distance": 100}
 _CPU_BYTES_PER_MS = 1e7  # ~10 GB/s: a deterministic, order-preserving stand-in on CPU
 
@@ -55,10 +55,7 @@ def _output_bytes(node: fx.Node) -> int:
 def cpu_runtime_estimation(node: fx.Node, override_size: int | None = None) -> float:
     """Analytical runtime (ms) for any node, usable as ``custom_runtime_estimation`` on CPU:
     a fixed launch cost plus bytes moved at a nominal bandwidth. Deterministic, needs no GPU."""
-    if not isinstance(node, fx.Node):
-        raise TypeError(
-            f"cpu_runtime_estimation: node must be a torch.fx.Node, got {type(node).__name__}"
-        )
+    require_node(node, where="cpu_runtime_estimation")
     size = override_size if override_size is not None else _output_bytes(node)
     return 0.005 + size / _CPU_BYTES_PER_MS
 
@@ -83,7 +80,7 @@ def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
     compile, so it is replaced there too.
     """
     global _estimator_depth, _estimator_original
-    require_bool("cpu_overlap_estimators", "enabled", enabled)
+    require_bool(enabled, where="cpu_overlap_estimators", arg="enabled")
     if not enabled:
         yield
         return
@@ -109,7 +106,7 @@ def _default_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-class OverlapBucketingPass(CustomGraphPass):
+class OverlapBucketingPass(_compat.CustomGraphPass):
     """Post-grad pass: ap-bucketing FSDP pre-bucketing, then (``reorder=True``) torch's
     overlap scheduler, all under ``patched(config)``.
 
@@ -129,14 +126,9 @@ class OverlapBucketingPass(CustomGraphPass):
         reorder: bool = True,
         **schedule_overrides: object,
     ) -> None:
-        cfg = BucketingConfig() if config is None else config
-        if not isinstance(cfg, BucketingConfig):
-            raise ValueError(
-                f"OverlapBucketingPass: config must be a BucketingConfig, got {type(cfg).__name__}"
-            )
-        self.config = cfg
-        self.cpu = _default_cpu() if cpu is None else require_bool(_PASS, "cpu", cpu)
-        self.reorder = require_bool(_PASS, "reorder", reorder)
+        self.config = resolve_config(config, where=_PASS)
+        self.cpu = _default_cpu() if cpu is None else require_bool(cpu, where=_PASS, arg="cpu")
+        self.reorder = require_bool(reorder, where=_PASS, arg="reorder")
         _check_schedule_overrides(schedule_overrides)
         self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
         self.reports: list[dict[str, object]] = []
@@ -155,13 +147,10 @@ class OverlapBucketingPass(CustomGraphPass):
         return kwargs
 
     def __call__(self, graph: fx.Graph) -> None:
-        if not isinstance(graph, fx.Graph):
-            raise TypeError(
-                f"OverlapBucketingPass: graph must be a torch.fx.Graph, got {type(graph).__name__}"
-            )
+        require_instance(graph, fx.Graph, where=_PASS, arg="graph", expected="a torch.fx.Graph")
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
-            raise ValueError("OverlapBucketingPass needs a graph owned by a GraphModule")
+            raise ValueError(f"{_PASS}: graph must be owned by a GraphModule, got {gm!r}")
         wait = _compat.wait_tensor_op()
         if not graph.find_nodes(op="call_function", target=wait):
             return
@@ -176,8 +165,7 @@ class OverlapBucketingPass(CustomGraphPass):
                 pre_bucket(gm, bucket_cap_mb=self.config.bucket_cap_mb)
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
-                sort = _compat.attr("torch._inductor.pattern_matcher", "stable_topological_sort")
-                sort(graph)
+                _compat.stable_topological_sort(graph)
         after = max_consec_compute_between_rs(graph)
         self.reports.append({"max_consec_compute_between_rs": (before, after)})
         log.info(
@@ -218,12 +206,11 @@ def _check_schedule_overrides(overrides: dict[str, object]) -> None:
 
 
 def _collective_targets() -> tuple[Any, ...]:
-    ops = torch.ops._c10d_functional
-    return (
-        ops.all_gather_into_tensor.default,
-        ops.all_gather_into_tensor_out.default,
-        ops.reduce_scatter_tensor.default,
-        ops.all_reduce.default,
+    return _compat.c10d_ops(
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_out",
+        "reduce_scatter_tensor",
+        "all_reduce",
     )
 
 
@@ -256,7 +243,8 @@ def overlap_config_patches(
     graphs are bucketed under ``config`` without any process-wide ``install``. Torch's built-in
     overlap scheduling is switched off so the graph is not scheduled twice.
     """
-    bucketing_pass = OverlapBucketingPass(config, cpu=cpu, reorder=reorder, **schedule_overrides)
+    cfg = resolve_config(config, where="overlap_config_patches")
+    bucketing_pass = OverlapBucketingPass(cfg, cpu=cpu, reorder=reorder, **schedule_overrides)
     return {
         "post_grad_custom_post_pass": bucketing_pass,
         "aten_distributed_optimizations.enable_overlap_scheduling": False,
