@@ -9,8 +9,8 @@ options and this package's source, so Inductor's FX-graph cache keys on all of t
 
 On a machine without a GPU, ``cpu=True`` (the default there) swaps the GPU-only estimators for
 analytical ones: ``compute_estimator="analytical"``, no fusion regions, a custom runtime
-estimation, and on torch 2.13/2.14 a scoped replacement of
-``overlap_scheduling.estimate_roofline_runtime_ms`` (which needs a GPU there).
+estimation, and a scoped replacement of ``overlap_scheduling.estimate_roofline_runtime_ms``
+(which needs a GPU on torch 2.13/2.14 and warns twice per node without one on 2.15).
 """
 
 from __future__ import annotations
