@@ -47,6 +47,9 @@ def _torch_functions() -> tuple[object, object]:
 
 @dataclass(frozen=True)
 class Case:
+    """One bad input: ``call(gm)`` raises ``exc`` naming every one of ``names``, after
+    ``setup`` and with ``torch_config`` in force."""
+
     id: str
     call: Callable[[fx.GraphModule], object]
     exc: type[BaseException]
@@ -209,63 +212,35 @@ CASES.append(
         setup=_drop_val("p1"),
     )
 )
-# other functions given the wrong kind of object
-CASES += [
-    Case(
-        "primary_fsdp_groups/gm=str",
-        lambda gm: AB.primary_fsdp_groups("gm"),
-        TypeError,  # type: ignore[arg-type]
-        ("primary_fsdp_groups", "gm", "GraphModule", "str"),
-    ),
-    Case(
-        "primary_fsdp_groups/gm=Graph",
-        lambda gm: AB.primary_fsdp_groups(gm.graph),
-        TypeError,  # type: ignore[arg-type]
-        ("primary_fsdp_groups", "gm", "GraphModule", "Graph"),
-    ),
-    Case(
-        "max_consec_compute_between_rs/graph=str",
-        lambda gm: AB.max_consec_compute_between_rs("g"),
-        TypeError,  # type: ignore[arg-type]
-        ("max_consec_compute_between_rs", "graph", "str"),
-    ),
-    Case(
-        "cpu_runtime_estimation/node=str",
-        lambda gm: AB.cpu_runtime_estimation("n"),
-        TypeError,  # type: ignore[arg-type]
-        ("cpu_runtime_estimation", "node", "str"),
-    ),
-    Case(
-        "OverlapBucketingPass/graph=str",
-        lambda gm: AB.OverlapBucketingPass()("g"),
-        TypeError,  # type: ignore[arg-type]
-        ("OverlapBucketingPass", "graph", "str"),
-    ),
+# other functions given the wrong kind of object: "<function>: <arg> must be <expected>, got ..."
+WRONG_KIND: list[tuple[str, str, Callable[[fx.GraphModule], object], str, str]] = [
+    ("primary_fsdp_groups", "gm", lambda gm: AB.primary_fsdp_groups("gm"), "GraphModule", "str"),
+    ("primary_fsdp_groups", "gm", lambda gm: AB.primary_fsdp_groups(gm.graph), "GraphModule", "Graph"),
+    ("max_consec_compute_between_rs", "graph", lambda gm: AB.max_consec_compute_between_rs("g"), "Graph", "str"),
+    ("cpu_runtime_estimation", "node", lambda gm: AB.cpu_runtime_estimation("n"), "Node", "str"),
+    ("OverlapBucketingPass", "graph", lambda gm: AB.OverlapBucketingPass()("g"), "Graph", "str"),
+    ("add_stats_observer", "observer", lambda gm: AB.add_stats_observer(3), "callable", "int"),
+    ("cpu_overlap_estimators", "enabled", lambda gm: AB.cpu_overlap_estimators("yes").__enter__(), "bool", "str"),
+]  # fmt: skip
+for function, arg, call, expected, given in WRONG_KIND:
+    names = (f"{function}: {arg} must be", expected, f"got {given}")
+    CASES.append(Case(f"{function}/{arg}={given}", call, TypeError, names))
+CASES.append(
     Case(
         "OverlapBucketingPass/graph_without_module",
         lambda gm: AB.OverlapBucketingPass()(fx.Graph()),
         ValueError,
-        ("OverlapBucketingPass", "GraphModule"),
-    ),
-    Case(
-        "add_stats_observer/observer=3",
-        lambda gm: AB.add_stats_observer(3),
-        TypeError,  # type: ignore[arg-type]
-        ("add_stats_observer", "observer", "callable", "int"),
-    ),
+        ("OverlapBucketingPass: graph must be owned by a GraphModule",),
+    )
+)
+CASES.append(
     Case(
         "remove_stats_observer/unknown",
         lambda gm: AB.remove_stats_observer(print),
         ValueError,
         ("remove_stats_observer", "stats observer", "not registered"),
-    ),
-    Case(
-        "cpu_overlap_estimators/enabled=str",
-        lambda gm: AB.cpu_overlap_estimators("yes").__enter__(),
-        TypeError,  # type: ignore[arg-type]
-        ("cpu_overlap_estimators", "enabled", "bool", "str"),
-    ),
-]
+    )
+)
 for opt, value in [("cpu", "yes"), ("reorder", 1), ("reorder", None)]:
     CASES.append(
         Case(

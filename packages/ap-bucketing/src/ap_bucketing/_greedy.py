@@ -47,18 +47,19 @@ class _Tally:
     same name."""
 
     buckets: list[list[fx.Node]] = field(default_factory=list)
-    candidates: int = 0
-    keys: int = 0
     max_span: int = 0
     closed_by_bytes: int = 0
     closed_by_span: int = 0
     skipped_dependent: int = 0
     skipped_unhinted: int = 0
 
-    def stats(self, max_topo_span: int | None, elapsed_s: float) -> BucketingStats:
+    def stats(
+        self, candidates: int, keys: int, max_topo_span: int | None, elapsed_s: float
+    ) -> BucketingStats:
         counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "buckets"}
         counts.update(buckets=len(self.buckets), bucketed=sum(len(b) for b in self.buckets))
-        return BucketingStats(**counts, max_topo_span=max_topo_span, elapsed_s=elapsed_s)
+        counts.update(candidates=candidates, keys=keys, elapsed_s=elapsed_s)
+        return BucketingStats(**counts, max_topo_span=max_topo_span)
 
 
 def _candidates(
@@ -230,9 +231,10 @@ def bucket_collectives(
             return fixed_cap
         return require_mib(cap_fn(index), where=where, arg=f"cap_fn's result for bucket {index}")
 
-    tally = _Tally(candidates=len(ordered), keys=len(groups))
+    tally = _Tally()
     for members in groups:
         if len(members) > 1:
             _bucket_one_group(members, ranks, order, cap_mb, cfg.max_topo_span, tally)
-    publish(tally.stats(cfg.max_topo_span, time.perf_counter() - start), observer)
+    elapsed_s = time.perf_counter() - start
+    publish(tally.stats(len(ordered), len(groups), cfg.max_topo_span, elapsed_s), observer)
     return tally.buckets
