@@ -88,3 +88,25 @@ def test_exception_in_nested_blocks_restores_each_level() -> None:
                 assert AB.current_config() is outer
             raise AssertionError("unreachable")  # pragma: no cover
     assert _torch_functions() == originals and not AB.is_installed()
+
+
+def test_cpu_estimators_under_threads_restore_the_exact_original() -> None:
+    """``cpu_overlap_estimators`` is refcounted across threads: the replacement is in place in
+    every block, and the original is back (identity) once the last block is left, also when
+    bodies raise."""
+    import torch._inductor.fx_passes.overlap_scheduling as torch_overlap
+
+    original = torch_overlap.estimate_roofline_runtime_ms
+
+    def one_round(rng: random.Random) -> None:
+        with AB.cpu_overlap_estimators():
+            assert torch_overlap.estimate_roofline_runtime_ms is not original
+            if rng.random() < 0.3:
+                with AB.cpu_overlap_estimators():
+                    assert torch_overlap.estimate_roofline_runtime_ms is not original
+                assert torch_overlap.estimate_roofline_runtime_ms is not original  # still held
+            if rng.random() < 0.2:
+                raise Boom()
+
+    hammer(one_round, threads=THREADS, rounds=ROUNDS)
+    assert torch_overlap.estimate_roofline_runtime_ms is original
