@@ -81,6 +81,57 @@ if not TYPE_CHECKING:
     CustomGraphPass = _custom_graph_pass()
 
 
+# --------------------------------------------------------------------------- patch sites
+# (module, attribute name): what ``install``/``patched`` and ``cpu_overlap_estimators``
+# replace for a while and put back exactly.
+
+
+def _site(module_name: str, name: str) -> tuple[ModuleType, str]:
+    attr(module_name, name)  # present, or the package's error before anything changes
+    return module(module_name), name
+
+
+def fsdp_groups_site() -> tuple[ModuleType, str]:
+    """``fsdp.identify_fsdp_groups``: which process groups FSDP pre-bucketing treats as FSDP."""
+    return _site(FSDP_MODULE, "identify_fsdp_groups")
+
+
+def greedy_bucketer_site() -> tuple[ModuleType, str]:
+    """``bucketing.greedy_bucket_collective_by_mb``: every greedy bucketing client's bucketer."""
+    return _site(BUCKETING_MODULE, "greedy_bucket_collective_by_mb")
+
+
+def roofline_estimator_site() -> tuple[ModuleType, str]:
+    """``overlap_scheduling.estimate_roofline_runtime_ms``: the scheduler's GPU-only estimator."""
+    return _site(OVERLAP_MODULE, "estimate_roofline_runtime_ms")
+
+
+# --------------------------------------------------------------------------- functions
+
+
+def fsdp_all_gather_helpers() -> tuple[Any, Any, Any]:
+    """torch's own FSDP helpers ``(is_fsdp_all_gather, _get_group_name,
+    _get_group_size_from_node)``, so ap-bucketing and torch agree on what "FSDP" means."""
+    names = ("is_fsdp_all_gather", "_get_group_name", "_get_group_size_from_node")
+    is_fsdp, group_name, group_size = (attr(FSDP_MODULE, n) for n in names)
+    return is_fsdp, group_name, group_size
+
+
+def is_compute_node_predicate() -> Any:
+    """``overlap_scheduling.is_compute_node``: an op with a flop formula."""
+    return attr(OVERLAP_MODULE, "is_compute_node")
+
+
+def schedule_overlap_bucketing() -> Any:
+    """``overlap_scheduling.schedule_overlap_bucketing``: FSDP pre-bucketing + scheduling."""
+    return attr(OVERLAP_MODULE, "schedule_overlap_bucketing")
+
+
+def pre_bucket_fsdp_collectives() -> Any:
+    """``fsdp.pre_bucket_fsdp_collectives``: FSDP pre-bucketing alone."""
+    return attr(FSDP_MODULE, "pre_bucket_fsdp_collectives")
+
+
 def c10d_ops(*names: str) -> tuple[Any, ...]:
     """The ``.default`` overloads of functional collectives (``torch.ops._c10d_functional``)."""
     found = []
@@ -95,6 +146,21 @@ def c10d_ops(*names: str) -> tuple[Any, ...]:
 def wait_tensor_op() -> Any:
     """The functional ``wait_tensor`` overload every bucketing predicate keys on."""
     return c10d_ops("wait_tensor")[0]
+
+
+def fsdp_all_gather_ops() -> tuple[Any, ...]:
+    """The all-gathers torch's FSDP detection looks at (``_find_all_gathers``' order)."""
+    return c10d_ops("all_gather_into_tensor", "all_gather_into_tensor_out")
+
+
+def sizable_collective_ops() -> tuple[Any, ...]:
+    """The collectives torch's bucketing may size (all-gathers, reduce-scatters, all-reduces)."""
+    return c10d_ops(
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_out",
+        "reduce_scatter_tensor",
+        "all_reduce",
+    )
 
 
 def ordered_set(items: Iterable[T] = ()) -> OrderedSet[T]:

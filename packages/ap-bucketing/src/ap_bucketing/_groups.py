@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def _all_gathers(graph: fx.Graph) -> list[fx.Node]:
     found: list[fx.Node] = []
-    for target in _compat.c10d_ops("all_gather_into_tensor", "all_gather_into_tensor_out"):
+    for target in _compat.fsdp_all_gather_ops():
         found.extend(graph.find_nodes(op="call_function", target=target))
     return found
 
@@ -35,15 +35,14 @@ def _fsdp_all_gathers(gm: fx.GraphModule) -> list[fx.Node]:
     """All-gathers of exactly one placeholder (a parameter, optionally cast or padded): torch's
     own ``fsdp.is_fsdp_all_gather`` predicate, so both agree on what "FSDP" means. It walks
     backwards only until a second placeholder shows up, so FSDP chains cost O(chain)."""
-    is_fsdp_all_gather = _compat.attr(_compat.FSDP_MODULE, "is_fsdp_all_gather")
+    is_fsdp_all_gather = _compat.fsdp_all_gather_helpers()[0]
     return [n for n in _all_gathers(gm.graph) if is_fsdp_all_gather(n)]
 
 
 def fsdp_group_counts(gm: fx.GraphModule) -> dict[Hashable, tuple[int, int | None]]:
     """``{group_name: (FSDP all-gather count, group_size of its first one)}`` in first-seen
     order (torch's ``_find_all_gathers`` order: plain all-gathers, then ``_out`` variants)."""
-    get_group_name = _compat.attr(_compat.FSDP_MODULE, "_get_group_name")
-    get_group_size = _compat.attr(_compat.FSDP_MODULE, "_get_group_size_from_node")
+    _, get_group_name, get_group_size = _compat.fsdp_all_gather_helpers()
     counts: dict[Hashable, tuple[int, int | None]] = {}
     for ag in _fsdp_all_gathers(gm):
         name = get_group_name(ag)

@@ -28,7 +28,7 @@ def max_consec_compute_between_rs(graph: fx.Graph | fx.GraphModule) -> int:
     not separated by a reduce-scatter, counting the leading and trailing runs. A graph with no
     reduce-scatter returns its total compute count."""
     g = require_graph(graph, where="max_consec_compute_between_rs")
-    is_compute_node = _compat.attr(_compat.OVERLAP_MODULE, "is_compute_node")
+    is_compute_node = _compat.is_compute_node_predicate()
     longest = current = 0
     for node in g.nodes:
         if node.op != "call_function":

@@ -84,12 +84,11 @@ def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    mod: Any = _compat.module(_compat.OVERLAP_MODULE)
-    _compat.attr(_compat.OVERLAP_MODULE, "estimate_roofline_runtime_ms")
+    mod, name = _compat.roofline_estimator_site()
     with _estimator_lock:
         if _estimator_depth == 0:
-            _estimator_original = mod.estimate_roofline_runtime_ms
-            mod.estimate_roofline_runtime_ms = _cpu_roofline_ms
+            _estimator_original = getattr(mod, name)
+            setattr(mod, name, _cpu_roofline_ms)
         _estimator_depth += 1
     try:
         yield
@@ -97,8 +96,8 @@ def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
         with _estimator_lock:
             _estimator_depth -= 1
             if _estimator_depth == 0:
-                if mod.estimate_roofline_runtime_ms is _cpu_roofline_ms:
-                    mod.estimate_roofline_runtime_ms = _estimator_original
+                if getattr(mod, name) is _cpu_roofline_ms:
+                    setattr(mod, name, _estimator_original)
                 _estimator_original = None
 
 
@@ -158,10 +157,9 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         before = max_consec_compute_between_rs(graph)
         with patched(self.config), cpu_overlap_estimators(self.cpu):
             if self.reorder:
-                schedule = _compat.attr(_compat.OVERLAP_MODULE, "schedule_overlap_bucketing")
-                schedule(gm, **self.schedule_kwargs())
+                _compat.schedule_overlap_bucketing()(gm, **self.schedule_kwargs())
             else:
-                pre_bucket = _compat.attr(_compat.FSDP_MODULE, "pre_bucket_fsdp_collectives")
+                pre_bucket = _compat.pre_bucket_fsdp_collectives()
                 pre_bucket(gm, bucket_cap_mb=self.config.bucket_cap_mb)
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
@@ -195,7 +193,7 @@ def _check_schedule_overrides(overrides: dict[str, object]) -> None:
     """Unknown scheduler options fail here, naming the option, not deep inside a compile."""
     import inspect
 
-    schedule = _compat.attr(_compat.OVERLAP_MODULE, "schedule_overlap_bucketing")
+    schedule = _compat.schedule_overlap_bucketing()
     accepted = set(inspect.signature(schedule).parameters) - {"gm"}
     for name in overrides:
         if name not in accepted:
@@ -205,20 +203,11 @@ def _check_schedule_overrides(overrides: dict[str, object]) -> None:
             )
 
 
-def _collective_targets() -> tuple[Any, ...]:
-    return _compat.c10d_ops(
-        "all_gather_into_tensor",
-        "all_gather_into_tensor_out",
-        "reduce_scatter_tensor",
-        "all_reduce",
-    )
-
-
 def _check_sizable(graph: fx.Graph) -> None:
     """Every collective torch's bucketing may size has tensor ``meta['val']`` on itself and its
     input; otherwise raise ``MissingValueError`` naming it while the graph is still untouched
     (torch merges all-gathers before it looks at reduce-scatters)."""
-    for target in _collective_targets():
+    for target in _compat.sizable_collective_ops():
         for node in graph.find_nodes(op="call_function", target=target):
             collective_bytes(node)
 

@@ -98,15 +98,10 @@ Site = tuple[Any, str, Callable[..., Any]]
 
 def _sites() -> list[Site]:
     """The two patch sites and their replacements; the package's error if torch lacks one."""
-    fsdp = _compat.module(_compat.FSDP_MODULE)
-    bucketing = _compat.module(_compat.BUCKETING_MODULE)
-    sites: list[Site] = [
-        (fsdp, "identify_fsdp_groups", _patched_identify_fsdp_groups),
-        (bucketing, "greedy_bucket_collective_by_mb", _patched_greedy_bucket_collective_by_mb),
+    return [
+        (*_compat.fsdp_groups_site(), _patched_identify_fsdp_groups),
+        (*_compat.greedy_bucketer_site(), _patched_greedy_bucket_collective_by_mb),
     ]
-    for mod, name, _ in sites:
-        _compat.attr(mod.__name__, name)
-    return sites
 
 
 def _apply_locked(sites: list[Site]) -> None:
