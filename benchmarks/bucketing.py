@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from ap_bucketing import BucketingConfig, collect_stats, patched
-from ap_bucketing.synthetic import all_gather_bucketing_args, interleaved_fsdp_graph
+from ap_testing.collectives import all_gather_bucketing_args, interleaved_fsdp_graph
 
 from .bucketing_schedule import schedule_rows
 

@@ -9,7 +9,9 @@ alive at once.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -19,20 +21,27 @@ from ap_bucketing import (
     collect_stats,
     max_consec_compute_between_rs,
 )
-from ap_bucketing.synthetic import backward_like_graph
+from ap_testing.collectives import backward_like_graph
+from ap_testing.distributed import fake_world
+
+
+@contextlib.contextmanager
+def _world() -> Iterator[str]:
+    """The WORLD group's name: a fake world of 8 ranks, unless a process group already exists."""
+    if dist.is_initialized():
+        world = dist.group.WORLD
+        assert world is not None
+        yield world.group_name
+    else:
+        with fake_world() as group:
+            yield group
 
 
 def schedule_rows(quick: bool) -> list[dict[str, Any]]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     layers = 8 if quick else 32
     spans: list[int | None] = [None, 1500, 100, 40]
-    owns_pg = not dist.is_initialized()
-    if owns_pg:
-        dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
     rows: list[dict[str, Any]] = []
-    try:
-        group = dist.group.WORLD.group_name  # type: ignore[union-attr]
+    with _world() as group:
         for span in spans:
             gm = backward_like_graph(layers, group)
             nodes = len(gm.graph.nodes)
@@ -54,7 +63,4 @@ def schedule_rows(quick: bool) -> list[dict[str, Any]]:
                     "pass_ms": elapsed * 1e3,
                 }
             )
-    finally:
-        if owns_pg:
-            dist.destroy_process_group()
     return rows

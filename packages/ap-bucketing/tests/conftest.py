@@ -1,4 +1,5 @@
-"""Shared helpers for ap-bucketing tests: synthetic graphs and torch's bucketing callables."""
+"""ap-bucketing tests: scaffolding comes from ap-testing (its pytest plugin and modules); this
+conftest only guarantees that no test leaks a patch into the next."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ the patch; once every thread is done (and ``uninstall()`` ran) torch's exact ori
 from __future__ import annotations
 
 import random
-import threading
 
 import ap_bucketing as AB
 import pytest
@@ -17,14 +16,11 @@ import torch
 import torch._inductor.fx_passes.bucketing as torch_bucketing
 import torch._inductor.fx_passes.fsdp as torch_fsdp
 from ap_bucketing import BucketingConfig
-from ap_bucketing.synthetic import all_gather_bucketing_args, interleaved_fsdp_graph
+from ap_testing.collectives import all_gather_bucketing_args, interleaved_fsdp_graph
+from ap_testing.concurrency import Boom, hammer
 
 THREADS = 12
 ROUNDS = 40
-
-
-class Boom(Exception):
-    pass
 
 
 def _torch_functions() -> tuple[object, object]:
@@ -37,52 +33,30 @@ def test_threads_entering_leaving_and_raising_restore_torch_exactly() -> None:
     configs = [BucketingConfig(max_topo_span=s) for s in (None, 5, 50, 1500)]
     gm = interleaved_fsdp_graph(200)
     args = all_gather_bucketing_args(gm)
-    errors: list[BaseException] = []
-    violations: list[str] = []
-    start = threading.Barrier(THREADS)
 
     def inside(rng: random.Random, depth: int) -> None:
-        if AB.current_config() is None or not AB.is_installed():
-            violations.append("no active config inside patched()")
-        if _torch_functions() == originals:
-            violations.append("torch not patched inside patched()")
+        assert AB.current_config() is not None and AB.is_installed(), "no active config"
+        assert _torch_functions() != originals, "torch not patched inside patched()"
         # a compile in this thread calls torch's module attribute: it must always work
         buckets = torch_bucketing.greedy_bucket_collective_by_mb(*args)
-        if not all(len(b) >= 2 for b in buckets):
-            violations.append("singleton bucket")
+        assert all(len(b) >= 2 for b in buckets), "singleton bucket"
         if depth < 2 and rng.random() < 0.3:
             with AB.patched(rng.choice(configs)):
                 inside(rng, depth + 1)
         if rng.random() < 0.2:
             raise Boom()
 
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        start.wait()
-        try:
-            for _ in range(ROUNDS):
-                action = rng.random()
-                if action < 0.1:
-                    AB.install(rng.choice(configs))
-                elif action < 0.2:
-                    AB.uninstall()
-                else:
-                    try:
-                        with AB.patched(rng.choice(configs)):
-                            inside(rng, 0)
-                    except Boom:
-                        pass
-        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
-            errors.append(exc)
+    def one_round(rng: random.Random) -> None:
+        action = rng.random()
+        if action < 0.1:
+            AB.install(rng.choice(configs))
+        elif action < 0.2:
+            AB.uninstall()
+        else:
+            with AB.patched(rng.choice(configs)):
+                inside(rng, 0)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads)
-    assert not errors, errors[:3]
-    assert not violations, violations[:3]
+    hammer(one_round, threads=THREADS, rounds=ROUNDS)
     AB.uninstall()  # some worker may have left an install() behind, as a program could
     assert not AB.is_installed() and AB.current_config() is None
     now = _torch_functions()
@@ -114,3 +88,25 @@ def test_exception_in_nested_blocks_restores_each_level() -> None:
                 assert AB.current_config() is outer
             raise AssertionError("unreachable")  # pragma: no cover
     assert _torch_functions() == originals and not AB.is_installed()
+
+
+def test_cpu_estimators_under_threads_restore_the_exact_original() -> None:
+    """``cpu_overlap_estimators`` is refcounted across threads: the replacement is in place in
+    every block, and the original is back (identity) once the last block is left, also when
+    bodies raise."""
+    import torch._inductor.fx_passes.overlap_scheduling as torch_overlap
+
+    original = torch_overlap.estimate_roofline_runtime_ms
+
+    def one_round(rng: random.Random) -> None:
+        with AB.cpu_overlap_estimators():
+            assert torch_overlap.estimate_roofline_runtime_ms is not original
+            if rng.random() < 0.3:
+                with AB.cpu_overlap_estimators():
+                    assert torch_overlap.estimate_roofline_runtime_ms is not original
+                assert torch_overlap.estimate_roofline_runtime_ms is not original  # still held
+            if rng.random() < 0.2:
+                raise Boom()
+
+    hammer(one_round, threads=THREADS, rounds=ROUNDS)
+    assert torch_overlap.estimate_roofline_runtime_ms is original

@@ -7,7 +7,6 @@ unpatched.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,11 +19,12 @@ import torch._inductor.fx_passes.bucketing as torch_bucketing
 import torch._inductor.fx_passes.fsdp as torch_fsdp
 import torch._inductor.fx_passes.overlap_scheduling as torch_overlap
 import torch.fx as fx
-from ap_bucketing import BucketingConfig, MissingValueError, UnsupportedTorchError
-from ap_bucketing.synthetic import GraphBuilder
-from ap_bucketing.synthetic import all_gather_bucketing_args as ag_args
+from ap_bucketing import TESTED_TORCH, BucketingConfig, MissingValueError, UnsupportedTorchError
+from ap_testing.collectives import GraphBuilder
+from ap_testing.collectives import all_gather_bucketing_args as ag_args
+from ap_testing.graphs import snapshot
 
-RANGE = ">=2.13,<2.16"
+TESTED = ", ".join(TESTED_TORCH)
 
 
 def _graph() -> fx.GraphModule:
@@ -38,22 +38,6 @@ def _graph() -> fx.GraphModule:
     return b.module([*waits, y])
 
 
-def _meta_form(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.dtype)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(_meta_form(v) for v in value))
-    if isinstance(value, dict):
-        return {k: _meta_form(v) for k, v in value.items()}
-    return copy.deepcopy(value)
-
-
-def snapshot(gm: fx.GraphModule) -> tuple[str, list[tuple[str, Any]]]:
-    return gm.graph.python_code("self").src, [
-        (n.name, _meta_form(dict(n.meta))) for n in gm.graph.nodes
-    ]
-
-
 def _torch_functions() -> tuple[object, object]:
     return (
         getattr(torch_fsdp, "identify_fsdp_groups", None),
@@ -63,11 +47,17 @@ def _torch_functions() -> tuple[object, object]:
 
 @dataclass(frozen=True)
 class Case:
+    """One bad input: ``call(gm)`` raises ``exc`` naming every one of ``names``, after
+    ``setup`` and with ``torch_config`` in force."""
+
     id: str
     call: Callable[[fx.GraphModule], object]
     exc: type[BaseException]
     names: tuple[str, ...]
     setup: Callable[[fx.GraphModule, pytest.MonkeyPatch], None] | None = None
+    #: torch config patches in force around the call (torch's config modules cannot be
+    #: monkeypatched: pytest deletes the attribute on undo, which hides the option)
+    torch_config: dict[str, object] | None = None
 
 
 def _bc(**over: Any) -> Callable[[fx.GraphModule], object]:
@@ -96,32 +86,32 @@ def _drop_val(node_prefix: str) -> Callable[..., None]:
 
 
 CASES: list[Case] = []
-# BucketingConfig fields
-for field_name, value in [
-    ("max_topo_span", -1),
-    ("max_topo_span", "10"),
-    ("max_topo_span", True),
-    ("max_topo_span", 1.5),
-    ("max_compute_pre_fetch", -1),
-    ("max_compute_pre_fetch", None),
-    ("max_compute_pre_fetch", 2.0),
-    ("bucket_cap_mb", 0),
-    ("bucket_cap_mb", -1.0),
-    ("bucket_cap_mb", math.nan),
-    ("bucket_cap_mb", math.inf),
-    ("bucket_cap_mb", "25"),
-    ("bucket_cap_mb", True),
-    ("primary_group_only", "yes"),
-    ("primary_group_only", 1),
-    ("non_adjacent", None),
-    ("non_adjacent", 0),
+# BucketingConfig fields: the wrong type is a TypeError, the right type out of range a ValueError
+for field_name, value, exc in [
+    ("max_topo_span", -1, ValueError),
+    ("max_topo_span", "10", TypeError),
+    ("max_topo_span", True, TypeError),
+    ("max_topo_span", 1.5, TypeError),
+    ("max_compute_pre_fetch", -1, ValueError),
+    ("max_compute_pre_fetch", None, TypeError),
+    ("max_compute_pre_fetch", 2.0, TypeError),
+    ("bucket_cap_mb", 0, ValueError),
+    ("bucket_cap_mb", -1.0, ValueError),
+    ("bucket_cap_mb", math.nan, ValueError),
+    ("bucket_cap_mb", math.inf, ValueError),
+    ("bucket_cap_mb", "25", TypeError),
+    ("bucket_cap_mb", True, TypeError),
+    ("primary_group_only", "yes", TypeError),
+    ("primary_group_only", 1, TypeError),
+    ("non_adjacent", None, TypeError),
+    ("non_adjacent", 0, TypeError),
 ]:
     CASES.append(
         Case(
             f"BucketingConfig/{field_name}={value!r}",
             lambda gm, f=field_name, v=value: BucketingConfig(**{f: v}),
-            ValueError,
-            (f"BucketingConfig.{field_name}", repr(value)),
+            exc,
+            (f"BucketingConfig: {field_name} must be", repr(value)),
         )
     )
 CASES.append(
@@ -140,7 +130,9 @@ for name, call in [
     ("OverlapBucketingPass", lambda gm: AB.OverlapBucketingPass("cfg")),  # type: ignore[arg-type]
     ("overlap_config_patches", lambda gm: AB.overlap_config_patches("cfg")),  # type: ignore[arg-type]
 ]:
-    CASES.append(Case(f"{name}/config=str", call, ValueError, ("config", "BucketingConfig", "str")))
+    CASES.append(
+        Case(f"{name}/config=str", call, TypeError, (f"{name}: config", "BucketingConfig", "str"))
+    )
 # bucket_collectives arguments
 for bad in ["gm", None, fx.Graph()]:
     CASES.append(
@@ -160,31 +152,32 @@ for arg in ["cap_fn", "filter_node", "group_key"]:
             ("bucket_collectives", arg, "callable", "str"),
         )
     )
-CASES.append(
-    Case(
-        "bucket_collectives/filter_wait_node=3",
-        _bc(filter_wait_node=3),
-        TypeError,
-        ("bucket_collectives", "filter_wait_node", "callable", "int"),
+for arg in ["filter_wait_node", "observer"]:
+    CASES.append(
+        Case(
+            f"bucket_collectives/{arg}=3",
+            _bc(**{arg: 3}),
+            TypeError,
+            ("bucket_collectives", arg, "a callable or None", "int"),
+        )
     )
-)
-CASES.append(
-    Case(
-        "bucket_collectives/observer=3",
-        _bc(observer=3),
-        TypeError,
-        ("bucket_collectives", "observer", "callable", "int"),
-    )
-)
-for value in ["x", -1.0, 0, math.nan, None]:
+for value, exc in [("x", TypeError), (None, TypeError), (-1.0, ValueError), (0, ValueError)]:
     CASES.append(
         Case(
             f"bucket_collectives/cap_fn_returns={value!r}",
             _bc(cap_fn=lambda _i, v=value: v),
-            ValueError,
+            exc,
             ("cap_fn", "bucket 0", repr(value)),
         )
     )
+CASES.append(
+    Case(
+        "bucket_collectives/cap_fn_returns=nan",
+        _bc(cap_fn=lambda _i: math.nan),
+        ValueError,
+        ("cap_fn", "bucket 0", "nan"),
+    )
+)
 CASES.append(
     Case(
         "bucket_collectives/group_key_raises",
@@ -197,7 +190,7 @@ CASES.append(
     Case(
         "bucket_collectives/group_key_unhashable",
         _bc(group_key=lambda n: [1]),
-        ValueError,
+        TypeError,
         ("group key", "all_gather_into_tensor", "unhashable"),
     )
 )
@@ -219,63 +212,35 @@ CASES.append(
         setup=_drop_val("p1"),
     )
 )
-# other functions given the wrong kind of object
-CASES += [
-    Case(
-        "primary_fsdp_groups/gm=str",
-        lambda gm: AB.primary_fsdp_groups("gm"),
-        TypeError,  # type: ignore[arg-type]
-        ("primary_fsdp_groups", "gm", "GraphModule", "str"),
-    ),
-    Case(
-        "primary_fsdp_groups/gm=Graph",
-        lambda gm: AB.primary_fsdp_groups(gm.graph),
-        TypeError,  # type: ignore[arg-type]
-        ("primary_fsdp_groups", "gm", "GraphModule", "Graph"),
-    ),
-    Case(
-        "max_consec_compute_between_rs/graph=str",
-        lambda gm: AB.max_consec_compute_between_rs("g"),
-        TypeError,  # type: ignore[arg-type]
-        ("max_consec_compute_between_rs", "graph", "str"),
-    ),
-    Case(
-        "cpu_runtime_estimation/node=str",
-        lambda gm: AB.cpu_runtime_estimation("n"),
-        TypeError,  # type: ignore[arg-type]
-        ("cpu_runtime_estimation", "node", "str"),
-    ),
-    Case(
-        "OverlapBucketingPass/graph=str",
-        lambda gm: AB.OverlapBucketingPass()("g"),
-        TypeError,  # type: ignore[arg-type]
-        ("OverlapBucketingPass", "graph", "str"),
-    ),
+# other functions given the wrong kind of object: "<function>: <arg> must be <expected>, got ..."
+WRONG_KIND: list[tuple[str, str, Callable[[fx.GraphModule], object], str, str]] = [
+    ("primary_fsdp_groups", "gm", lambda gm: AB.primary_fsdp_groups("gm"), "GraphModule", "str"),
+    ("primary_fsdp_groups", "gm", lambda gm: AB.primary_fsdp_groups(gm.graph), "GraphModule", "Graph"),
+    ("max_consec_compute_between_rs", "graph", lambda gm: AB.max_consec_compute_between_rs("g"), "Graph", "str"),
+    ("cpu_runtime_estimation", "node", lambda gm: AB.cpu_runtime_estimation("n"), "Node", "str"),
+    ("OverlapBucketingPass", "graph", lambda gm: AB.OverlapBucketingPass()("g"), "Graph", "str"),
+    ("add_stats_observer", "observer", lambda gm: AB.add_stats_observer(3), "callable", "int"),
+    ("cpu_overlap_estimators", "enabled", lambda gm: AB.cpu_overlap_estimators("yes").__enter__(), "bool", "str"),
+]  # fmt: skip
+for function, arg, call, expected, given in WRONG_KIND:
+    names = (f"{function}: {arg} must be", expected, f"got {given}")
+    CASES.append(Case(f"{function}/{arg}={given}", call, TypeError, names))
+CASES.append(
     Case(
         "OverlapBucketingPass/graph_without_module",
         lambda gm: AB.OverlapBucketingPass()(fx.Graph()),
         ValueError,
-        ("OverlapBucketingPass", "GraphModule"),
-    ),
-    Case(
-        "add_stats_observer/observer=3",
-        lambda gm: AB.add_stats_observer(3),
-        TypeError,  # type: ignore[arg-type]
-        ("add_stats_observer", "observer", "callable", "int"),
-    ),
+        ("OverlapBucketingPass: graph must be owned by a GraphModule",),
+    )
+)
+CASES.append(
     Case(
         "remove_stats_observer/unknown",
         lambda gm: AB.remove_stats_observer(print),
         ValueError,
-        ("stats observer", "not registered"),
-    ),
-    Case(
-        "cpu_overlap_estimators/enabled=str",
-        lambda gm: AB.cpu_overlap_estimators("yes").__enter__(),
-        TypeError,  # type: ignore[arg-type]
-        ("cpu_overlap_estimators", "enabled", "bool", "str"),
-    ),
-]
+        ("remove_stats_observer", "stats observer", "not registered"),
+    )
+)
 for opt, value in [("cpu", "yes"), ("reorder", 1), ("reorder", None)]:
     CASES.append(
         Case(
@@ -307,31 +272,47 @@ CASES += [
         "install/no_identify_fsdp_groups",
         lambda gm: AB.install(),
         UnsupportedTorchError,
-        ("identify_fsdp_groups", RANGE),
+        ("identify_fsdp_groups", TESTED),
         setup=_without(torch_fsdp, "identify_fsdp_groups"),
     ),
     Case(
         "patched/no_greedy_bucket_collective_by_mb",
         lambda gm: AB.patched().__enter__(),
         UnsupportedTorchError,
-        ("greedy_bucket_collective_by_mb", RANGE),
+        ("greedy_bucket_collective_by_mb", TESTED),
         setup=_without(torch_bucketing, "greedy_bucket_collective_by_mb"),
     ),
     Case(
         "primary_fsdp_groups/no_is_fsdp_all_gather",
         lambda gm: AB.primary_fsdp_groups(gm),
         UnsupportedTorchError,
-        ("is_fsdp_all_gather", RANGE),
+        ("is_fsdp_all_gather", TESTED),
         setup=_without(torch_fsdp, "is_fsdp_all_gather"),
     ),
     Case(
         "max_consec_compute_between_rs/no_is_compute_node",
         lambda gm: AB.max_consec_compute_between_rs(gm),
         UnsupportedTorchError,
-        ("is_compute_node", RANGE),
+        ("is_compute_node", TESTED),
         setup=_without(torch_overlap, "is_compute_node"),
     ),
 ]
+
+
+# a cache-key tag the config fingerprint cannot be appended to: refused before any change
+for name, call in [
+    ("install", lambda gm: AB.install()),
+    ("patched", lambda gm: AB.patched().__enter__()),
+]:
+    CASES.append(
+        Case(
+            f"{name}/cache_key_tag=None",
+            call,
+            TypeError,
+            (f"{name}: torch.compiler.config.cache_key_tag must be a str", "NoneType"),
+            torch_config={"cache_key_tag": None},
+        )
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -339,14 +320,16 @@ def test_bad_input_raises_package_error_naming_the_culprit(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gm = _graph()
-    with monkeypatch.context() as mp:
+    with monkeypatch.context() as mp, torch.compiler.config.patch(case.torch_config or {}):
         if case.setup is not None:
             case.setup(gm, mp)
         originals = _torch_functions()
+        tag = torch.compiler.config.cache_key_tag
         before = snapshot(gm)
         with pytest.raises(case.exc) as info:
             case.call(gm)
         assert _torch_functions() == originals, "a refusing call left torch patched"
+        assert torch.compiler.config.cache_key_tag == tag, "a refusing call changed the tag"
     message = str(info.value)
     for word in case.names:
         assert word in message, f"{word!r} not in {message!r}"

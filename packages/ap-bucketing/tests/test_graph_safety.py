@@ -12,10 +12,6 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-
 import ap_bucketing as AB
 import pytest
 import torch
@@ -24,15 +20,10 @@ import torch.distributed as dist
 import torch.fx as fx
 from ap_bucketing import BucketingConfig, MissingValueError, bucket_collectives
 from ap_bucketing._sizes import collective_bytes
+from ap_testing.collectives import RandomCollectiveGraph, descendants, random_collective_graphs
+from ap_testing.graphs import snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _bucketing_randgraph import (  # noqa: E402
-    RandomCollectiveGraph,
-    random_collective_graphs,
-    snapshot,
-)
 
 SAFETY = settings(
     max_examples=200,
@@ -46,30 +37,12 @@ c10d = torch.ops._c10d_functional
 AG, RS = c10d.all_gather_into_tensor.default, c10d.reduce_scatter_tensor.default
 
 
-@pytest.fixture(scope="module")
-def groups() -> Iterator[tuple[str, str]]:
-    """Two fake process groups (structure only: merging resolves group names)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    try:
-        world = dist.group.WORLD
-        assert world is not None
-        other = dist.new_group([0, 1])
-        yield world.group_name, other.group_name  # type: ignore[union-attr]
-    finally:
-        dist.destroy_process_group()
-
-
-def _descendants(node: fx.Node) -> set[fx.Node]:
-    out: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        for user in stack.pop().users:
-            if user not in out:
-                out.add(user)
-                stack.append(user)
-    return out
+@pytest.fixture
+def groups(fake_pg: str) -> tuple[str, str]:
+    """Two fake process groups (structure only: merging resolves group names): the world and
+    a subgroup."""
+    other = dist.new_group([0, 1])
+    return fake_pg, other.group_name  # type: ignore[union-attr]
 
 
 configs = st.builds(
@@ -109,7 +82,7 @@ def test_bucket_collectives_is_pure_and_valid(groups: tuple[str, str]) -> None:
             seen |= set(bucket)
             assert all(m.target is AG for m in bucket)
             for member in bucket:
-                assert not _descendants(member) & set(bucket)
+                assert not descendants(member) & set(bucket)
             assert sum(collective_bytes(m) or 0 for m in bucket) <= cap
             if cfg.max_topo_span is not None:
                 rk = [ranks[m] for m in bucket]

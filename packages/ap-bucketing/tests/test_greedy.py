@@ -15,8 +15,8 @@ from ap_bucketing import (
     bucket_collectives,
     collect_stats,
 )
-from ap_bucketing.synthetic import GraphBuilder
-from ap_bucketing.synthetic import all_gather_bucketing_args as ag_args
+from ap_testing.collectives import GraphBuilder
+from ap_testing.collectives import all_gather_bucketing_args as ag_args
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -25,8 +25,8 @@ MIB = 1024 * 1024
 def _independent_ags(
     n: int, numel: int, group: str = "dp", gap: int = 0
 ) -> tuple[fx.GraphModule, list[fx.Node]]:
-    """``n`` independent placeholder -> all-gather -> wait triples (in == out bytes, as the
-    reference tests did), each followed by ``gap`` relus on an unrelated chain."""
+    """``n`` independent placeholder -> all-gather -> wait triples (``group_size=1``: in == out
+    bytes), each followed by ``gap`` relus on an unrelated chain."""
     b = GraphBuilder(dtype=torch.float32)
     filler = b.placeholder((4,))
     ags, waits = [], []
@@ -207,18 +207,18 @@ def test_missing_meta_val_names_the_node() -> None:
 
 
 def test_bad_config_values_name_the_field() -> None:
-    for field, value in [
-        ("max_topo_span", -1),
-        ("max_topo_span", True),
-        ("max_compute_pre_fetch", 1.5),
-        ("bucket_cap_mb", 0),
-        ("bucket_cap_mb", float("nan")),
-        ("primary_group_only", 1),
-        ("non_adjacent", "yes"),
+    for field, value, exc in [
+        ("max_topo_span", -1, ValueError),
+        ("max_topo_span", True, TypeError),
+        ("max_compute_pre_fetch", 1.5, TypeError),
+        ("bucket_cap_mb", 0, ValueError),
+        ("bucket_cap_mb", float("nan"), ValueError),
+        ("primary_group_only", 1, TypeError),
+        ("non_adjacent", "yes", TypeError),
     ]:
-        with pytest.raises(ValueError, match=field):
+        with pytest.raises(exc, match=f"BucketingConfig: {field} must be"):
             BucketingConfig(**{field: value})
-    with pytest.raises(ValueError, match="config"):
+    with pytest.raises(TypeError, match="bucket_collectives: config must be a BucketingConfig"):
         bucket_collectives(*_independent_ags(2, 16)[:1], lambda _i: 1.0, bool, id, config=object())
 
 
@@ -229,5 +229,7 @@ def test_wrong_argument_kinds_name_the_function_and_argument() -> None:
         bucket_collectives(gm.graph, cap, filt, key)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="bucket_collectives: group_key must be callable"):
         bucket_collectives(gm, cap, filt, "key")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"cap_fn returned -1\.0 for bucket 0"):
+    with pytest.raises(
+        ValueError, match=r"cap_fn's result for bucket 0 must be .*, got float -1\.0"
+    ):
         bucket_collectives(gm, lambda _i: -1.0, filt, key)

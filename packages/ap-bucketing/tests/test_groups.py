@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 from ap_bucketing import primary_fsdp_groups
-from ap_bucketing.synthetic import GraphBuilder
+from ap_testing.collectives import GraphBuilder
 
 
 def _ags(groups: list[tuple[str, int]]) -> fx.GraphModule:

@@ -6,15 +6,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import ap_bucketing
 import ap_bucketing._patching
 import pytest
 import torch
-import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 from ap_bucketing import (
     BucketingConfig,
@@ -23,6 +20,7 @@ from ap_bucketing import (
     overlap_config_patches,
     primary_fsdp_groups,
 )
+from ap_testing.models import FsdpStack
 from torch._inductor.compile_fx import compile_fx
 
 _AGS = (
@@ -79,37 +77,8 @@ def test_pass_uuid_covers_config_and_options() -> None:
     assert base.uuid() != OverlapBucketingPass(BucketingConfig(), cpu=False).uuid()
     assert base.uuid() != OverlapBucketingPass(BucketingConfig(), cpu=True, reorder=False).uuid()
     assert base.uuid() != OverlapBucketingPass(cpu=True, max_in_flight_gb=1.0).uuid()
-    with pytest.raises(ValueError, match="config"):
+    with pytest.raises(TypeError, match="OverlapBucketingPass: config must be a BucketingConfig"):
         OverlapBucketingPass(object())  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def fake_pg() -> Iterator[str]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
-    try:
-        yield dist.group.WORLD.group_name  # type: ignore[union-attr]
-    finally:
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-
-
-class _FsdpStyle(torch.nn.Module):
-    """4 layers whose weights are stored as 1/8 shards and all-gathered in forward."""
-
-    def __init__(self, group: str, layers: int = 4, dim: int = 32) -> None:
-        super().__init__()
-        self.group = group
-        self.shards = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.randn(dim // 8, dim)) for _ in range(layers)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for shard in self.shards:
-            weight = funcol.all_gather_tensor(shard, 0, self.group)
-            x = torch.relu(x @ weight.t())
-        return x
 
 
 class _CountingPass(OverlapBucketingPass):
@@ -158,7 +127,7 @@ def test_end_to_end_fsdp_model_buckets_all_gathers_with_the_patched_functions(
     def backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
         return compile_fx(gm, example_inputs, config_patches=patches)
 
-    model = _FsdpStyle(fake_pg)
+    model = FsdpStack(fake_pg)  # 4 layers of 1/8 weight shards, all-gathered in forward
     x = torch.randn(4, 32, requires_grad=True)
     with collect_stats() as stats:
         out = torch.compile(model, backend=backend, fullgraph=True)(x)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 
 import ap_bucketing
+import pytest
 import torch
 import torch._inductor.fx_passes.bucketing as torch_bucketing
 import torch._inductor.fx_passes.fsdp as torch_fsdp
 from ap_bucketing import BucketingConfig, collect_stats, install, is_installed, patched, uninstall
-from ap_bucketing.synthetic import GraphBuilder
-from ap_bucketing.synthetic import all_gather_bucketing_args as ag_args
+from ap_testing.collectives import GraphBuilder
+from ap_testing.collectives import all_gather_bucketing_args as ag_args
 
 
 def _torch_functions() -> tuple[object, object]:
@@ -66,6 +67,65 @@ def test_patched_inside_install_returns_to_the_installed_config() -> None:
         assert ap_bucketing.current_config() == BucketingConfig(max_topo_span=None)
     assert ap_bucketing.current_config() is base
     uninstall()
+
+
+def _state() -> tuple[object, object, object, object]:
+    """Everything entering a patch may change: torch's two functions, the cache-key tag and
+    the active config."""
+    identify, greedy = _torch_functions()
+    return identify, greedy, torch.compiler.config.cache_key_tag, ap_bucketing.current_config()
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
+
+
+def test_a_failing_patched_entry_leaves_nothing_behind() -> None:
+    """Entry is all-or-nothing: a tag the fingerprint cannot be appended to is refused before
+    torch's functions are replaced."""
+    with torch.compiler.config.patch(cache_key_tag=None):
+        before = _state()
+        with pytest.raises(TypeError, match="patched: torch.compiler.config.cache_key_tag"):
+            with patched(BucketingConfig()):
+                raise AssertionError("entered")  # pragma: no cover
+        assert _same(_state(), before), "a failing patched() entry left state behind"
+        assert torch.compiler.config.cache_key_tag is None
+        assert not is_installed()
+    with patched(BucketingConfig(max_topo_span=3)) as cfg:  # and patching still works
+        assert ap_bucketing.current_config() is cfg
+    assert not is_installed()
+
+
+def test_a_failing_nested_entry_keeps_the_outer_block_exactly() -> None:
+    outer = BucketingConfig(max_topo_span=10)
+    with patched(outer):
+        with torch.compiler.config.patch(cache_key_tag=None):  # someone replaced the tag
+            before = _state()
+            with pytest.raises(TypeError, match="cache_key_tag"):
+                with patched(BucketingConfig(max_topo_span=20)):
+                    raise AssertionError("entered")  # pragma: no cover
+            assert _same(_state(), before)
+            assert ap_bucketing.current_config() is outer
+    assert not is_installed()
+
+
+def test_a_failing_install_leaves_nothing_behind() -> None:
+    with torch.compiler.config.patch(cache_key_tag=None):
+        before = _state()
+        with pytest.raises(TypeError, match="install: torch.compiler.config.cache_key_tag"):
+            install(BucketingConfig())
+        assert _same(_state(), before), "a failing install() left state behind"
+        assert not is_installed()
+    base = BucketingConfig(max_topo_span=5)
+    install(base)
+    with torch.compiler.config.patch(cache_key_tag=None):
+        before = _state()
+        with pytest.raises(TypeError):
+            install(BucketingConfig(max_topo_span=6))
+        assert _same(_state(), before)
+        assert ap_bucketing.current_config() is base  # the installed config is kept
+    uninstall()
+    assert not is_installed()
 
 
 def test_torch_callers_reach_the_active_config() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from ap_bucketing import max_consec_compute_between_rs
-from ap_bucketing.synthetic import GraphBuilder
+from ap_testing.collectives import GraphBuilder
 
 
 def test_runs_are_reset_by_reduce_scatters() -> None:

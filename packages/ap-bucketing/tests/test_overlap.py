@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import ap_bucketing
 import pytest
 import torch
 import torch._inductor.fx_passes.overlap_scheduling as overlap_scheduling
-import torch.distributed as dist
 import torch.fx as fx
 from ap_bucketing import (
     BucketingConfig,
@@ -19,20 +16,9 @@ from ap_bucketing import (
     max_consec_compute_between_rs,
     overlap_config_patches,
 )
-from ap_bucketing.synthetic import backward_like_graph
+from ap_testing.collectives import backward_like_graph
 
 _c10d = torch.ops._c10d_functional
-
-
-@pytest.fixture
-def group() -> Iterator[str]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
-    try:
-        yield dist.group.WORLD.group_name  # type: ignore[union-attr]
-    finally:
-        dist.destroy_process_group()
 
 
 def _count(gm: fx.GraphModule, *targets: object) -> int:
@@ -42,8 +28,8 @@ def _count(gm: fx.GraphModule, *targets: object) -> int:
 _AGS = (_c10d.all_gather_into_tensor.default, _c10d.all_gather_into_tensor_out.default)
 
 
-def test_prebucketing_only_merges_all_gathers_and_reduce_scatters(group: str) -> None:
-    gm = backward_like_graph(6, group)
+def test_prebucketing_only_merges_all_gathers_and_reduce_scatters(fake_pg: str) -> None:
+    gm = backward_like_graph(6, fake_pg)
     assert _count(gm, *_AGS) == 6
     bucketing_pass = OverlapBucketingPass(
         BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0), cpu=True, reorder=False
@@ -57,10 +43,10 @@ def test_prebucketing_only_merges_all_gathers_and_reduce_scatters(group: str) ->
     gm.graph.lint()
 
 
-def test_span_cap_bounds_compute_between_reduce_scatters(group: str) -> None:
+def test_span_cap_bounds_compute_between_reduce_scatters(fake_pg: str) -> None:
     results = {}
     for span in (None, 40):
-        gm = backward_like_graph(8, group)
+        gm = backward_like_graph(8, fake_pg)
         assert max_consec_compute_between_rs(gm) == 2
         bucketing_pass = OverlapBucketingPass(
             BucketingConfig(max_topo_span=span, bucket_cap_mb=1000.0), cpu=True
@@ -109,8 +95,8 @@ def test_cpu_estimators_are_scoped_and_restored_exactly() -> None:
         assert overlap_scheduling.estimate_roofline_runtime_ms is original
 
 
-def test_a_refusing_pass_leaves_the_graph_untouched(group: str) -> None:
-    gm = backward_like_graph(4, group)
+def test_a_refusing_pass_leaves_the_graph_untouched(fake_pg: str) -> None:
+    gm = backward_like_graph(4, fake_pg)
     rs = gm.graph.find_nodes(op="call_function", target=_c10d.reduce_scatter_tensor.default)[-1]
     del rs.meta["val"]  # all-gathers would merge before torch ever sized this one
     before = gm.graph.python_code("self").src

@@ -8,8 +8,8 @@ import torch
 import torch.fx as fx
 from ap_bucketing import BucketingConfig, _reach, bucket_collectives
 from ap_bucketing._sizes import collective_bytes
-from ap_bucketing.synthetic import GraphBuilder
-from ap_bucketing.synthetic import all_gather_bucketing_args as ag_args
+from ap_testing.collectives import GraphBuilder, descendants
+from ap_testing.collectives import all_gather_bucketing_args as ag_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,17 +50,6 @@ def _wait(b: GraphBuilder, ag: fx.Node) -> fx.Node:
     return w
 
 
-def _descendants(node: fx.Node) -> set[fx.Node]:
-    out: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        for user in stack.pop().users:
-            if user not in out:
-                out.add(user)
-                stack.append(user)
-    return out
-
-
 def _reference(gm: fx.GraphModule, cfg: BucketingConfig, cap: int) -> list[list[str]]:
     """The same greedy rules with full descendant sets (quadratic, obviously correct)."""
     ranks = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -87,7 +76,7 @@ def _reference(gm: fx.GraphModule, cfg: BucketingConfig, cap: int) -> list[list[
                 elif c in desc:
                     continue
             bucket.append(c)
-            desc |= _descendants(c)
+            desc |= descendants(c)
             size += s
         if len(bucket) > 1:
             result.append([m.name for m in bucket])
@@ -112,7 +101,7 @@ def test_buckets_respect_all_rules(gm: fx.GraphModule, span: int | None, cap_mb:
         assert not seen & set(bucket), "a collective is in two buckets"
         seen |= set(bucket)
         for member in bucket:  # no ancestor/descendant pair inside a bucket
-            assert not _descendants(member) & set(bucket)
+            assert not descendants(member) & set(bucket)
         assert sum(collective_bytes(m) or 0 for m in bucket) <= int(cap_mb * MIB)
         if span is not None:
             member_ranks = [ranks[m] for m in bucket]

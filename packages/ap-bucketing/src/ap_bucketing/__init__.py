@@ -6,7 +6,7 @@ bucket a graph yourself, or ``OverlapBucketingPass`` / ``overlap_config_patches`
 pre-bucketing + overlap scheduling through Inductor's ``post_grad_custom_post_pass``.
 """
 
-from ._compat import SUPPORTED_TORCH, UnsupportedTorchError
+from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._config import BucketingConfig
 from ._greedy import bucket_collectives
 from ._groups import primary_fsdp_groups
@@ -29,7 +29,7 @@ from ._stats import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "SUPPORTED_TORCH",
+    "TESTED_TORCH",
     "BucketingConfig",
     "BucketingStats",
     "MissingValueError",

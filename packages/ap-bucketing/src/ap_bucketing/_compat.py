@@ -1,57 +1,207 @@
-"""Feature-detected access to the torch internals this package touches.
+"""Every private torch name ap-bucketing uses, looked up at call time and feature-detected.
 
-Every private torch symbol the package needs is looked up here, once, at call time (never at
-import), so a torch that lacks one fails with a message naming the symbol and the supported
-range instead of an AttributeError deep inside a compile.
+ap-bucketing depends on torch only, so this module follows the workspace's compat convention
+(``docs/architecture.md``, "Shared vocabulary and conventions") without importing ap-tags: the
+tested versions are written once (``TESTED_TORCH``), a missing internal raises this package's
+``UnsupportedTorchError`` naming it, and whether an internal is usable is decided by looking it
+up, never by comparing version strings. The error's constructor, attributes and message are the
+convention's; a cross-package test holds the two to the same message.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-SUPPORTED_TORCH = ">=2.13,<2.16"
+if TYPE_CHECKING:
+    from torch._inductor.custom_graph_pass import CustomGraphPass as CustomGraphPass
+    from torch.utils._ordered_set import OrderedSet as OrderedSet
 
+#: The torch versions ap-bucketing is tested on (the only place they are written).
+TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+PACKAGE = "ap-bucketing"
+
+#: The two patch sites (``install``/``patched``) and the overlap scheduler.
 FSDP_MODULE = "torch._inductor.fx_passes.fsdp"
 BUCKETING_MODULE = "torch._inductor.fx_passes.bucketing"
 OVERLAP_MODULE = "torch._inductor.fx_passes.overlap_scheduling"
 
+T = TypeVar("T")
+_ABSENT = object()
+
 
 class UnsupportedTorchError(RuntimeError):
-    """A torch internal that ap-bucketing relies on is missing from the installed torch."""
+    """The installed torch lacks (or changed) an internal ap-bucketing needs.
+
+    ``package``, ``internal`` and ``tested`` name the package, the internal and the torch
+    versions it is tested on; the message says the same in one line.
+    """
+
+    def __init__(self, package: str, internal: str, tested: tuple[str, ...]) -> None:
+        self.package, self.internal, self.tested = package, internal, tested
+        super().__init__(
+            f"{package} needs {internal}, which torch {torch.__version__} does not provide "
+            f"(tested torch versions: {', '.join(tested)})"
+        )
 
 
-def torch_version() -> tuple[int, int]:
-    """(major, minor) of the installed torch, ignoring local/dev suffixes."""
-    parts = torch.__version__.split("+")[0].split(".")
-    return int(parts[0]), int(parts[1])
+def missing(internal: str) -> UnsupportedTorchError:
+    """This package's error for a missing ``internal`` (raise it)."""
+    return UnsupportedTorchError(PACKAGE, internal, TESTED_TORCH)
 
 
 def module(name: str) -> ModuleType:
-    """Import a torch internal module or fail naming it and the supported range."""
+    """Import torch internal module ``name`` or raise the package's error naming it."""
     try:
         return importlib.import_module(name)
-    except ImportError as exc:  # pragma: no cover - depends on the installed torch
-        raise UnsupportedTorchError(
-            f"ap-bucketing needs {name}, which torch {torch.__version__} does not provide "
-            f"(supported torch {SUPPORTED_TORCH})"
-        ) from exc
+    except ImportError as exc:
+        raise missing(name) from exc
 
 
 def attr(module_name: str, name: str) -> Any:
-    """Fetch ``module_name.name`` or fail naming it and the supported range."""
-    mod = module(module_name)
-    if not hasattr(mod, name):
-        raise UnsupportedTorchError(
-            f"ap-bucketing needs {module_name}.{name}, which torch {torch.__version__} does "
-            f"not provide (supported torch {SUPPORTED_TORCH})"
-        )
-    return getattr(mod, name)
+    """``module_name.name`` or the package's error naming it."""
+    found = getattr(module(module_name), name, _ABSENT)
+    if found is _ABSENT:
+        raise missing(f"{module_name}.{name}")
+    return found
+
+
+def _custom_graph_pass() -> Any:
+    return attr("torch._inductor.custom_graph_pass", "CustomGraphPass")
+
+
+if not TYPE_CHECKING:
+    # The one lookup made at import time: a class's base must exist when the class is defined
+    # (``OverlapBucketingPass``). Inductor keys its FX-graph cache on ``uuid()`` only for
+    # instances of this class, so the pass must derive from it.
+    CustomGraphPass = _custom_graph_pass()
+
+
+# --------------------------------------------------------------------------- patch sites
+# (module, attribute name): what ``install``/``patched`` and ``cpu_overlap_estimators``
+# replace for a while and put back exactly.
+
+
+def _site(module_name: str, name: str) -> tuple[ModuleType, str]:
+    attr(module_name, name)  # present, or the package's error before anything changes
+    return module(module_name), name
+
+
+def fsdp_groups_site() -> tuple[ModuleType, str]:
+    """``fsdp.identify_fsdp_groups``: which process groups FSDP pre-bucketing treats as FSDP."""
+    return _site(FSDP_MODULE, "identify_fsdp_groups")
+
+
+def greedy_bucketer_site() -> tuple[ModuleType, str]:
+    """``bucketing.greedy_bucket_collective_by_mb``: every greedy bucketing client's bucketer."""
+    return _site(BUCKETING_MODULE, "greedy_bucket_collective_by_mb")
+
+
+def roofline_estimator_site() -> tuple[ModuleType, str]:
+    """``overlap_scheduling.estimate_roofline_runtime_ms``: the scheduler's GPU-only estimator."""
+    return _site(OVERLAP_MODULE, "estimate_roofline_runtime_ms")
+
+
+# --------------------------------------------------------------------------- functions
+
+
+def fsdp_all_gather_helpers() -> tuple[Any, Any, Any]:
+    """torch's own FSDP helpers ``(is_fsdp_all_gather, _get_group_name,
+    _get_group_size_from_node)``, so ap-bucketing and torch agree on what "FSDP" means."""
+    names = ("is_fsdp_all_gather", "_get_group_name", "_get_group_size_from_node")
+    is_fsdp, group_name, group_size = (attr(FSDP_MODULE, n) for n in names)
+    return is_fsdp, group_name, group_size
+
+
+def is_compute_node_predicate() -> Any:
+    """``overlap_scheduling.is_compute_node``: an op with a flop formula."""
+    return attr(OVERLAP_MODULE, "is_compute_node")
+
+
+def schedule_overlap_bucketing() -> Any:
+    """``overlap_scheduling.schedule_overlap_bucketing``: FSDP pre-bucketing + scheduling."""
+    return attr(OVERLAP_MODULE, "schedule_overlap_bucketing")
+
+
+def pre_bucket_fsdp_collectives() -> Any:
+    """``fsdp.pre_bucket_fsdp_collectives``: FSDP pre-bucketing alone."""
+    return attr(FSDP_MODULE, "pre_bucket_fsdp_collectives")
+
+
+def c10d_ops(*names: str) -> tuple[Any, ...]:
+    """The ``.default`` overloads of functional collectives (``torch.ops._c10d_functional``)."""
+    found = []
+    for name in names:
+        try:
+            found.append(getattr(torch.ops._c10d_functional, name).default)
+        except (AttributeError, RuntimeError) as exc:
+            raise missing(f"torch.ops._c10d_functional.{name}") from exc
+    return tuple(found)
 
 
 def wait_tensor_op() -> Any:
     """The functional ``wait_tensor`` overload every bucketing predicate keys on."""
-    return torch.ops._c10d_functional.wait_tensor.default
+    return c10d_ops("wait_tensor")[0]
+
+
+def fsdp_all_gather_ops() -> tuple[Any, ...]:
+    """The all-gathers torch's FSDP detection looks at (``_find_all_gathers``' order)."""
+    return c10d_ops("all_gather_into_tensor", "all_gather_into_tensor_out")
+
+
+def sizable_collective_ops() -> tuple[Any, ...]:
+    """The collectives torch's bucketing may size (all-gathers, reduce-scatters, all-reduces)."""
+    return c10d_ops(
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_out",
+        "reduce_scatter_tensor",
+        "all_reduce",
+    )
+
+
+def ordered_set(items: Iterable[T] = ()) -> OrderedSet[T]:
+    """torch's ``OrderedSet`` of ``items``: what ``identify_fsdp_groups`` returns."""
+    cls: type[OrderedSet[T]] = attr("torch.utils._ordered_set", "OrderedSet")
+    return cls(items)
+
+
+def stable_topological_sort(graph: torch.fx.Graph) -> None:
+    """Inductor's in-place topological sort that keeps already-valid orders unchanged."""
+    attr("torch._inductor.pattern_matcher", "stable_topological_sort")(graph)
+
+
+def symint_hint(value: torch.SymInt) -> int | None:
+    """A concrete int for a SymInt from hints only, or ``None`` when a symbol has none.
+
+    The node's own hint when it has one; otherwise the expression with the ShapeEnv's
+    replacements, backed values (``backed_var_to_val`` from 2.15, ``var_to_val`` before) and
+    ``var_to_hint_override`` entries substituted, unknown when a free symbol remains. Never
+    installs a guard.
+    """
+    node: Any = value.node
+    hint = getattr(node, "_hint", None)
+    if hint is not None:
+        return int(hint)
+    shape_env = getattr(node, "shape_env", None)
+    if shape_env is None:
+        return None
+    import sympy  # type: ignore[import-untyped]
+
+    expr: Any = sympy.sympify(node.expr)
+    backed = "backed_var_to_val" if hasattr(shape_env, "backed_var_to_val") else "var_to_val"
+    for table in ("replacements", backed, "var_to_hint_override"):
+        mapping = getattr(shape_env, table, None)
+        if mapping:
+            expr = expr.xreplace(mapping)
+    if isinstance(expr, sympy.Expr):
+        expr = expr.expand(identity=True)
+    if getattr(expr, "free_symbols", None):
+        return None
+    try:
+        return int(expr)
+    except (TypeError, ValueError):
+        return None

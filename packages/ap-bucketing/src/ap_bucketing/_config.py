@@ -1,23 +1,20 @@
 """``BucketingConfig``: the knobs of topo-span-bounded FSDP bucketing.
 
-A frozen, validated dataclass. It is read from the *instance* handed to ``install``/``patched``/
-``bucket_collectives`` (the reference read class attributes, so per-instance overrides were
-silently ignored), and its ``fingerprint()`` feeds Inductor's cache key so a graph bucketed under
-one config is never reused under another.
+A frozen, validated dataclass (a field of the wrong type raises ``TypeError``, one out of range
+``ValueError``). It is read from the *instance* handed to ``install``/``patched``/
+``bucket_collectives``/``OverlapBucketingPass``, so two configs can be active in one process, and
+its ``fingerprint()`` feeds Inductor's cache key so a graph bucketed under one config is never
+reused under another. See ``docs/architecture.md``, "Bucketing rules".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from dataclasses import dataclass
 
+from ._checks import require_bool, require_instance, require_int, require_mib
 from ._source import package_source_hash
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -47,31 +44,14 @@ class BucketingConfig:
     non_adjacent: bool = True
 
     def __post_init__(self) -> None:
-        span = self.max_topo_span
-        if span is not None and (not _is_int(span) or span < 0):
-            raise ValueError(
-                f"BucketingConfig.max_topo_span must be a non-negative int or None, got {span!r}"
-            )
-        pre = self.max_compute_pre_fetch
-        if not _is_int(pre) or pre < 0:
-            raise ValueError(
-                f"BucketingConfig.max_compute_pre_fetch must be a non-negative int, got {pre!r}"
-            )
-        cap = self.bucket_cap_mb
-        if cap is not None and (
-            isinstance(cap, bool)
-            or not isinstance(cap, (int, float))
-            or not math.isfinite(cap)
-            or cap <= 0
-        ):
-            raise ValueError(
-                f"BucketingConfig.bucket_cap_mb must be a positive finite number or None, "
-                f"got {cap!r}"
-            )
-        for name in ("primary_group_only", "non_adjacent"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"BucketingConfig.{name} must be a bool, got {value!r}")
+        where = "BucketingConfig"
+        if self.max_topo_span is not None:
+            require_int(self.max_topo_span, where=where, arg="max_topo_span", minimum=0)
+        require_int(self.max_compute_pre_fetch, where=where, arg="max_compute_pre_fetch", minimum=0)
+        if self.bucket_cap_mb is not None:
+            require_mib(self.bucket_cap_mb, where=where, arg="bucket_cap_mb")
+        require_bool(self.primary_group_only, where=where, arg="primary_group_only")
+        require_bool(self.non_adjacent, where=where, arg="non_adjacent")
 
     def fingerprint(self) -> str:
         """A short stable hash of every field plus the package's source code.
@@ -82,3 +62,12 @@ class BucketingConfig:
         fields = ",".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
         digest = hashlib.sha256(f"{fields}|{package_source_hash()}".encode())
         return digest.hexdigest()[:16]
+
+
+def resolve_config(config: object, *, where: str) -> BucketingConfig:
+    """``config``, or ``BucketingConfig()`` when it is ``None``; anything else is a TypeError."""
+    if config is None:
+        return BucketingConfig()
+    return require_instance(
+        config, BucketingConfig, where=where, arg="config", expected="a BucketingConfig"
+    )

@@ -1,17 +1,18 @@
 """``bucket_collectives``: key-grouped, byte- and span-bounded greedy bucketing.
 
 Drop-in for torch's ``greedy_bucket_collective_by_mb`` (same arguments, same result shape: a
-list of buckets, each a list of >= 2 collective nodes in wait order). Differences, each on
-purpose:
+list of buckets, each a list of >= 2 collective nodes in wait order). The rules
+(``docs/architecture.md``, "Bucketing rules"):
 
-* Collectives are grouped by key **without adjacency**. Torch closes a run whenever an
-  eligible collective with another key appears in wait order, so graphs whose dp and tp
-  collectives interleave never bucket at all.
+* Collectives are grouped by key **without adjacency** (``non_adjacent=True``): a collective
+  with another key between two equal-key ones in wait order does not split them, so graphs whose
+  dp and tp collectives interleave still bucket. ``non_adjacent=False`` buckets runs of
+  consecutive equal keys instead.
 * A bucket closes on bytes (``max(in, out)`` from hint-safe sizes) **or** when its topological
   span (highest minus lowest rank, ranks snapshotted on entry) would exceed ``max_topo_span``:
   a long-span bucket lets the merge drag many layers of compute together.
 * A collective that depends on a member of the open bucket never joins it; the check is
-  incremental and bounded by rank (see ``_reach``), not an O(N^2) descendant table.
+  incremental and bounded by rank (see ``_reach``), never a table of descendants per node.
 * A collective whose size has no hint is left unbucketed with a warning, instead of guarding or
   crashing.
 
@@ -23,14 +24,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch.fx as fx
 
 from . import _compat
-from ._checks import require_callable, require_cap_mb, require_graph_module
-from ._config import BucketingConfig
+from ._checks import require_callable, require_graph_module, require_mib
+from ._config import BucketingConfig, resolve_config
 from ._reach import BucketReach
 from ._sizes import collective_bytes
 from ._stats import BucketingStats, StatsObserver, publish
@@ -42,12 +43,23 @@ _MIB = 1024 * 1024
 
 @dataclass
 class _Tally:
+    """The counters of one invocation; every int field is the ``BucketingStats`` field of the
+    same name."""
+
     buckets: list[list[fx.Node]] = field(default_factory=list)
     max_span: int = 0
     closed_by_bytes: int = 0
     closed_by_span: int = 0
     skipped_dependent: int = 0
     skipped_unhinted: int = 0
+
+    def stats(
+        self, candidates: int, keys: int, max_topo_span: int | None, elapsed_s: float
+    ) -> BucketingStats:
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "buckets"}
+        counts.update(buckets=len(self.buckets), bucketed=sum(len(b) for b in self.buckets))
+        counts.update(candidates=candidates, keys=keys, elapsed_s=elapsed_s)
+        return BucketingStats(**counts, max_topo_span=max_topo_span)
 
 
 def _candidates(
@@ -76,13 +88,21 @@ def _candidates(
 
 
 def _key_of(key_fn: Callable[[fx.Node], Any], coll: fx.Node) -> Hashable:
+    """``key_fn(coll)``; a key function that raises, or returns an unhashable key, fails naming
+    itself and the collective (a ``TypeError`` for an unhashable key, else ``ValueError``)."""
     try:
         key: Hashable = key_fn(coll)
-        hash(key)
     except Exception as exc:
         raise ValueError(
             f"group key {getattr(key_fn, '__name__', key_fn)!r} failed on collective "
             f"{coll.name!r} (args={coll.args!r}): {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        hash(key)
+    except TypeError as exc:
+        raise TypeError(
+            f"group key {getattr(key_fn, '__name__', key_fn)!r} returned an unhashable "
+            f"{type(key).__name__} for collective {coll.name!r} (args={coll.args!r}): {exc}"
         ) from exc
     return key
 
@@ -194,40 +214,27 @@ def bucket_collectives(
     Returns:
         Buckets of >= 2 collective nodes each, in wait order, keys in first-seen order.
     """
-    require_graph_module("bucket_collectives", "gm", gm)
+    where = "bucket_collectives"
+    require_graph_module(gm, where=where, arg="gm")
     for name, fn in (("cap_fn", cap_fn), ("filter_node", filter_node), ("group_key", group_key)):
-        require_callable("bucket_collectives", name, fn)
-    require_callable("bucket_collectives", "filter_wait_node", filter_wait_node, optional=True)
-    require_callable("bucket_collectives", "observer", observer, optional=True)
-    cfg = BucketingConfig() if config is None else config
-    if not isinstance(cfg, BucketingConfig):
-        raise ValueError(
-            f"bucket_collectives: config must be a BucketingConfig, got {type(cfg).__name__}"
-        )
+        require_callable(fn, where=where, arg=name)
+    require_callable(filter_wait_node, where=where, arg="filter_wait_node", optional=True)
+    require_callable(observer, where=where, arg="observer", optional=True)
+    cfg = resolve_config(config, where=where)
     start = time.perf_counter()
     ranks, order, ordered = _candidates(gm.graph, filter_node, filter_wait_node)
     groups = _group(ordered, group_key, cfg.non_adjacent)
     fixed_cap = cfg.bucket_cap_mb
 
     def cap_mb(index: int) -> float:
-        return fixed_cap if fixed_cap is not None else require_cap_mb(cap_fn(index), index)
+        if fixed_cap is not None:
+            return fixed_cap
+        return require_mib(cap_fn(index), where=where, arg=f"cap_fn's result for bucket {index}")
 
     tally = _Tally()
     for members in groups:
         if len(members) > 1:
             _bucket_one_group(members, ranks, order, cap_mb, cfg.max_topo_span, tally)
-    stats = BucketingStats(
-        candidates=len(ordered),
-        keys=len(groups),
-        buckets=len(tally.buckets),
-        bucketed=sum(len(b) for b in tally.buckets),
-        max_span=tally.max_span,
-        closed_by_bytes=tally.closed_by_bytes,
-        closed_by_span=tally.closed_by_span,
-        skipped_dependent=tally.skipped_dependent,
-        skipped_unhinted=tally.skipped_unhinted,
-        max_topo_span=cfg.max_topo_span,
-        elapsed_s=time.perf_counter() - start,
-    )
-    publish(stats, observer)
+    elapsed_s = time.perf_counter() - start
+    publish(tally.stats(len(ordered), len(groups), cfg.max_topo_span, elapsed_s), observer)
     return tally.buckets

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.fx as fx
-from torch.utils._ordered_set import OrderedSet
 
 from . import _compat
 from ._checks import require_graph_module
+
+if TYPE_CHECKING:
+    from ._compat import OrderedSet
 
 log = logging.getLogger(__name__)
 
 
 def _all_gathers(graph: fx.Graph) -> list[fx.Node]:
-    ops = torch.ops._c10d_functional
-    targets = [ops.all_gather_into_tensor.default, ops.all_gather_into_tensor_out.default]
     found: list[fx.Node] = []
-    for target in targets:
+    for target in _compat.fsdp_all_gather_ops():
         found.extend(graph.find_nodes(op="call_function", target=target))
     return found
 
@@ -36,15 +35,14 @@ def _fsdp_all_gathers(gm: fx.GraphModule) -> list[fx.Node]:
     """All-gathers of exactly one placeholder (a parameter, optionally cast or padded): torch's
     own ``fsdp.is_fsdp_all_gather`` predicate, so both agree on what "FSDP" means. It walks
     backwards only until a second placeholder shows up, so FSDP chains cost O(chain)."""
-    is_fsdp_all_gather = _compat.attr(_compat.FSDP_MODULE, "is_fsdp_all_gather")
+    is_fsdp_all_gather = _compat.fsdp_all_gather_helpers()[0]
     return [n for n in _all_gathers(gm.graph) if is_fsdp_all_gather(n)]
 
 
 def fsdp_group_counts(gm: fx.GraphModule) -> dict[Hashable, tuple[int, int | None]]:
     """``{group_name: (FSDP all-gather count, group_size of its first one)}`` in first-seen
     order (torch's ``_find_all_gathers`` order: plain all-gathers, then ``_out`` variants)."""
-    get_group_name = _compat.attr(_compat.FSDP_MODULE, "_get_group_name")
-    get_group_size = _compat.attr(_compat.FSDP_MODULE, "_get_group_size_from_node")
+    _, get_group_name, get_group_size = _compat.fsdp_all_gather_helpers()
     counts: dict[Hashable, tuple[int, int | None]] = {}
     for ag in _fsdp_all_gathers(gm):
         name = get_group_name(ag)
@@ -63,23 +61,23 @@ def primary_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None
     all-gathers; on a tie the group whose first FSDP all-gather is found first wins, so the
     result is deterministic and always a single group.
     """
-    require_graph_module("primary_fsdp_groups", "gm", gm)
+    require_graph_module(gm, where="primary_fsdp_groups")
     counts = fsdp_group_counts(gm)
     if not counts:
-        return OrderedSet(), None
+        return _compat.ordered_set(), None
     primary = max(counts, key=lambda name: counts[name][0])  # max keeps the first on ties
     log.debug(
         "primary_fsdp_groups: primary=%r, counts=%r",
         primary,
         {k: v[0] for k, v in counts.items()},
     )
-    return OrderedSet([primary]), counts[primary][1]
+    return _compat.ordered_set([primary]), counts[primary][1]
 
 
 def all_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None]:
     """Every FSDP group (torch's behaviour), but ``group_size`` from the primary group."""
     counts = fsdp_group_counts(gm)
     if not counts:
-        return OrderedSet(), None
+        return _compat.ordered_set(), None
     primary = max(counts, key=lambda name: counts[name][0])
-    return OrderedSet(counts), counts[primary][1]
+    return _compat.ordered_set(counts), counts[primary][1]

@@ -11,11 +11,14 @@ from __future__ import annotations
 import torch.fx as fx
 
 from . import _compat
+from ._checks import require_graph
 
 
-def _is_reduce_scatter(node: fx.Node) -> bool:
-    # Substring match on the op name covers the tensor, _out and coalesced variants and
-    # torch's pre-bucketing custom op; waits are excluded.
+def is_reduce_scatter(node: fx.Node) -> bool:
+    """A reduce-scatter, by a substring match on the op name: covers the plain and coalesced
+    functional collectives and torch's pre-bucketing custom op; waits are excluded. (The
+    workspace's ``ap_tags.graph.is_reduce_scatter`` means the same on functional collectives;
+    a cross-package test holds the two together.)"""
     name = str(node.target)
     return "reduce_scatter" in name and "wait" not in name
 
@@ -24,13 +27,8 @@ def max_consec_compute_between_rs(graph: fx.Graph | fx.GraphModule) -> int:
     """Longest run of compute nodes (torch's ``is_compute_node``: ops with a flop formula)
     not separated by a reduce-scatter, counting the leading and trailing runs. A graph with no
     reduce-scatter returns its total compute count."""
-    if not isinstance(graph, (fx.Graph, fx.GraphModule)):
-        raise TypeError(
-            "max_consec_compute_between_rs: graph must be a torch.fx.Graph or GraphModule, "
-            f"got {type(graph).__name__}"
-        )
-    g = graph.graph if isinstance(graph, fx.GraphModule) else graph
-    is_compute_node = _compat.attr(_compat.OVERLAP_MODULE, "is_compute_node")
+    g = require_graph(graph, where="max_consec_compute_between_rs")
+    is_compute_node = _compat.is_compute_node_predicate()
     longest = current = 0
     for node in g.nodes:
         if node.op != "call_function":
@@ -38,6 +36,6 @@ def max_consec_compute_between_rs(graph: fx.Graph | fx.GraphModule) -> int:
         if is_compute_node(node):
             current += 1
             longest = max(longest, current)
-        elif _is_reduce_scatter(node):
+        elif is_reduce_scatter(node):
             current = 0
     return longest

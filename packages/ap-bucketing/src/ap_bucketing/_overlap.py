@@ -9,8 +9,8 @@ options and this package's source, so Inductor's FX-graph cache keys on all of t
 
 On a machine without a GPU, ``cpu=True`` (the default there) swaps the GPU-only estimators for
 analytical ones: ``compute_estimator="analytical"``, no fusion regions, a custom runtime
-estimation, and on torch 2.13/2.14 a scoped replacement of
-``overlap_scheduling.estimate_roofline_runtime_ms`` (which needs a GPU there).
+estimation, and a scoped replacement of ``overlap_scheduling.estimate_roofline_runtime_ms``
+(which needs a GPU on torch 2.13/2.14 and warns twice per node without one on 2.15).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _compat
-from ._checks import require_bool
-from ._config import BucketingConfig
+from ._checks import require_bool, require_instance, require_node
+from ._config import BucketingConfig, resolve_config
 from ._metrics import max_consec_compute_between_rs
 from ._patching import patched
 from ._sizes import collective_bytes, hint_int
@@ -36,7 +35,8 @@ from ._source import package_source_hash
 
 log = logging.getLogger(__name__)
 
-# AutoParallel's tuned scheduler settings (torch's own defaults are 5 GB and 200).
+# Tighter than torch's defaults (5 GB in flight, distance 200): overlap may then keep fewer
+# unsharded weights and unreduced gradients alive at once.
 _DEFAULT_SCHEDULE: dict[str, object] = {"max_in_flight_gb": 2.0, "max_coll_distance": 100}
 _CPU_BYTES_PER_MS = 1e7  # ~10 GB/s: a deterministic, order-preserving stand-in on CPU
 
@@ -55,10 +55,7 @@ def _output_bytes(node: fx.Node) -> int:
 def cpu_runtime_estimation(node: fx.Node, override_size: int | None = None) -> float:
     """Analytical runtime (ms) for any node, usable as ``custom_runtime_estimation`` on CPU:
     a fixed launch cost plus bytes moved at a nominal bandwidth. Deterministic, needs no GPU."""
-    if not isinstance(node, fx.Node):
-        raise TypeError(
-            f"cpu_runtime_estimation: node must be a torch.fx.Node, got {type(node).__name__}"
-        )
+    require_node(node, where="cpu_runtime_estimation")
     size = override_size if override_size is not None else _output_bytes(node)
     return 0.005 + size / _CPU_BYTES_PER_MS
 
@@ -83,16 +80,15 @@ def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
     compile, so it is replaced there too.
     """
     global _estimator_depth, _estimator_original
-    require_bool("cpu_overlap_estimators", "enabled", enabled)
+    require_bool(enabled, where="cpu_overlap_estimators", arg="enabled")
     if not enabled:
         yield
         return
-    mod: Any = _compat.module(_compat.OVERLAP_MODULE)
-    _compat.attr(_compat.OVERLAP_MODULE, "estimate_roofline_runtime_ms")
+    mod, name = _compat.roofline_estimator_site()
     with _estimator_lock:
         if _estimator_depth == 0:
-            _estimator_original = mod.estimate_roofline_runtime_ms
-            mod.estimate_roofline_runtime_ms = _cpu_roofline_ms
+            _estimator_original = getattr(mod, name)
+            setattr(mod, name, _cpu_roofline_ms)
         _estimator_depth += 1
     try:
         yield
@@ -100,8 +96,8 @@ def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
         with _estimator_lock:
             _estimator_depth -= 1
             if _estimator_depth == 0:
-                if mod.estimate_roofline_runtime_ms is _cpu_roofline_ms:
-                    mod.estimate_roofline_runtime_ms = _estimator_original
+                if getattr(mod, name) is _cpu_roofline_ms:
+                    setattr(mod, name, _estimator_original)
                 _estimator_original = None
 
 
@@ -109,7 +105,7 @@ def _default_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-class OverlapBucketingPass(CustomGraphPass):
+class OverlapBucketingPass(_compat.CustomGraphPass):
     """Post-grad pass: ap-bucketing FSDP pre-bucketing, then (``reorder=True``) torch's
     overlap scheduler, all under ``patched(config)``.
 
@@ -129,14 +125,9 @@ class OverlapBucketingPass(CustomGraphPass):
         reorder: bool = True,
         **schedule_overrides: object,
     ) -> None:
-        cfg = BucketingConfig() if config is None else config
-        if not isinstance(cfg, BucketingConfig):
-            raise ValueError(
-                f"OverlapBucketingPass: config must be a BucketingConfig, got {type(cfg).__name__}"
-            )
-        self.config = cfg
-        self.cpu = _default_cpu() if cpu is None else require_bool(_PASS, "cpu", cpu)
-        self.reorder = require_bool(_PASS, "reorder", reorder)
+        self.config = resolve_config(config, where=_PASS)
+        self.cpu = _default_cpu() if cpu is None else require_bool(cpu, where=_PASS, arg="cpu")
+        self.reorder = require_bool(reorder, where=_PASS, arg="reorder")
         _check_schedule_overrides(schedule_overrides)
         self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
         self.reports: list[dict[str, object]] = []
@@ -155,13 +146,10 @@ class OverlapBucketingPass(CustomGraphPass):
         return kwargs
 
     def __call__(self, graph: fx.Graph) -> None:
-        if not isinstance(graph, fx.Graph):
-            raise TypeError(
-                f"OverlapBucketingPass: graph must be a torch.fx.Graph, got {type(graph).__name__}"
-            )
+        require_instance(graph, fx.Graph, where=_PASS, arg="graph", expected="a torch.fx.Graph")
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
-            raise ValueError("OverlapBucketingPass needs a graph owned by a GraphModule")
+            raise ValueError(f"{_PASS}: graph must be owned by a GraphModule, got {gm!r}")
         wait = _compat.wait_tensor_op()
         if not graph.find_nodes(op="call_function", target=wait):
             return
@@ -169,15 +157,13 @@ class OverlapBucketingPass(CustomGraphPass):
         before = max_consec_compute_between_rs(graph)
         with patched(self.config), cpu_overlap_estimators(self.cpu):
             if self.reorder:
-                schedule = _compat.attr(_compat.OVERLAP_MODULE, "schedule_overlap_bucketing")
-                schedule(gm, **self.schedule_kwargs())
+                _compat.schedule_overlap_bucketing()(gm, **self.schedule_kwargs())
             else:
-                pre_bucket = _compat.attr(_compat.FSDP_MODULE, "pre_bucket_fsdp_collectives")
+                pre_bucket = _compat.pre_bucket_fsdp_collectives()
                 pre_bucket(gm, bucket_cap_mb=self.config.bucket_cap_mb)
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
-                sort = _compat.attr("torch._inductor.pattern_matcher", "stable_topological_sort")
-                sort(graph)
+                _compat.stable_topological_sort(graph)
         after = max_consec_compute_between_rs(graph)
         self.reports.append({"max_consec_compute_between_rs": (before, after)})
         log.info(
@@ -207,7 +193,7 @@ def _check_schedule_overrides(overrides: dict[str, object]) -> None:
     """Unknown scheduler options fail here, naming the option, not deep inside a compile."""
     import inspect
 
-    schedule = _compat.attr(_compat.OVERLAP_MODULE, "schedule_overlap_bucketing")
+    schedule = _compat.schedule_overlap_bucketing()
     accepted = set(inspect.signature(schedule).parameters) - {"gm"}
     for name in overrides:
         if name not in accepted:
@@ -217,21 +203,11 @@ def _check_schedule_overrides(overrides: dict[str, object]) -> None:
             )
 
 
-def _collective_targets() -> tuple[Any, ...]:
-    ops = torch.ops._c10d_functional
-    return (
-        ops.all_gather_into_tensor.default,
-        ops.all_gather_into_tensor_out.default,
-        ops.reduce_scatter_tensor.default,
-        ops.all_reduce.default,
-    )
-
-
 def _check_sizable(graph: fx.Graph) -> None:
     """Every collective torch's bucketing may size has tensor ``meta['val']`` on itself and its
     input; otherwise raise ``MissingValueError`` naming it while the graph is still untouched
     (torch merges all-gathers before it looks at reduce-scatters)."""
-    for target in _collective_targets():
+    for target in _compat.sizable_collective_ops():
         for node in graph.find_nodes(op="call_function", target=target):
             collective_bytes(node)
 
@@ -256,7 +232,8 @@ def overlap_config_patches(
     graphs are bucketed under ``config`` without any process-wide ``install``. Torch's built-in
     overlap scheduling is switched off so the graph is not scheduled twice.
     """
-    bucketing_pass = OverlapBucketingPass(config, cpu=cpu, reorder=reorder, **schedule_overrides)
+    cfg = resolve_config(config, where="overlap_config_patches")
+    bucketing_pass = OverlapBucketingPass(cfg, cpu=cpu, reorder=reorder, **schedule_overrides)
     return {
         "post_grad_custom_post_pass": bucketing_pass,
         "aten_distributed_optimizations.enable_overlap_scheduling": False,

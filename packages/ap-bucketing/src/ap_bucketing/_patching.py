@@ -13,6 +13,11 @@ Inductor's ``FxGraphHashDetails`` (and AOTAutograd's cache key, which extends it
 bucketed under one config is never served from cache under another. Importing the package
 changes nothing.
 
+Entering (``install``, ``patched``) is all-or-nothing: whatever can fail -- a missing patch
+site, a ``cache_key_tag`` that is not a str, the fingerprint -- is checked before the first
+change, so a failing entry leaves torch and the active config exactly as they were. Leaving is
+exception-safe: a ``patched`` block restores its outer state however the body exits.
+
 The patch is process-wide (torch looks the functions up globally), so a ``patched`` block in one
 thread also affects compiles running in other threads for its duration.
 """
@@ -23,16 +28,19 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
-from torch.utils._ordered_set import OrderedSet
 
 from . import _compat
-from ._config import BucketingConfig
+from ._checks import require_instance
+from ._config import BucketingConfig, resolve_config
 from ._greedy import bucket_collectives
 from ._groups import all_fsdp_groups, primary_fsdp_groups
+
+if TYPE_CHECKING:
+    from ._compat import OrderedSet
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +50,9 @@ _lock = threading.RLock()
 _installed: BucketingConfig | None = None
 _scoped: list[tuple[object, BucketingConfig]] = []
 _originals: dict[str, Any] = {}
-_tag_base: str | None = None
-_tag_applied: str | None = None
+_applied = False  # the replacements and the tag below are in torch
+_tag_base: str | None = None  # cache_key_tag before this package extended it
+_tag_applied: str | None = None  # cache_key_tag as this package set it
 
 
 def current_config() -> BucketingConfig | None:
@@ -84,20 +93,19 @@ def _patched_greedy_bucket_collective_by_mb(
     )
 
 
-def _sites() -> list[tuple[Any, str, Callable[..., Any]]]:
-    fsdp = _compat.module(_compat.FSDP_MODULE)
-    bucketing = _compat.module(_compat.BUCKETING_MODULE)
-    sites: list[tuple[Any, str, Callable[..., Any]]] = [
-        (fsdp, "identify_fsdp_groups", _patched_identify_fsdp_groups),
-        (bucketing, "greedy_bucket_collective_by_mb", _patched_greedy_bucket_collective_by_mb),
+Site = tuple[Any, str, Callable[..., Any]]
+
+
+def _sites() -> list[Site]:
+    """The two patch sites and their replacements; the package's error if torch lacks one."""
+    return [
+        (*_compat.fsdp_groups_site(), _patched_identify_fsdp_groups),
+        (*_compat.greedy_bucketer_site(), _patched_greedy_bucket_collective_by_mb),
     ]
-    for mod, name, _ in sites:
-        _compat.attr(mod.__name__, name)  # fail clearly before touching anything
-    return sites
 
 
-def _apply_locked() -> None:
-    for mod, name, replacement in _sites():
+def _apply_locked(sites: list[Site]) -> None:
+    for mod, name, replacement in sites:
         current = getattr(mod, name)
         if current is replacement:
             continue
@@ -105,10 +113,10 @@ def _apply_locked() -> None:
         setattr(mod, name, replacement)
 
 
-def _restore_locked() -> None:
+def _restore_locked(sites: list[Site]) -> None:
     # ``_originals`` is kept after restoring: a caller that grabbed a reference to a
     # replacement while patched still reaches torch's function through the fallback.
-    for mod, name, replacement in _sites():
+    for mod, name, replacement in sites:
         if name not in _originals or getattr(mod, name) is not replacement:
             if name in _originals and getattr(mod, name) is not _originals[name]:
                 log.warning(
@@ -120,54 +128,71 @@ def _restore_locked() -> None:
         setattr(mod, name, _originals[name])
 
 
-def _strip_tag(tag: str) -> str:
-    index = tag.find(_TAG_PREFIX)
-    return tag if index < 0 else tag[:index]
+def _strip_tag(tag: object) -> object:
+    """``tag`` without the fingerprint this package appended (anything else unchanged)."""
+    if isinstance(tag, str) and _TAG_PREFIX in tag:
+        return tag[: tag.index(_TAG_PREFIX)]
+    return tag
 
 
-def _sync_cache_tag_locked(cfg: BucketingConfig | None) -> None:
-    global _tag_base, _tag_applied
-    cconfig: Any = torch.compiler.config
-    current: str = cconfig.cache_key_tag
+def _plan_tag_locked(
+    cfg: BucketingConfig | None, where: str
+) -> tuple[object, str | None, str | None]:
+    """``(cache_key_tag to set, new _tag_base, new _tag_applied)`` for ``cfg``. Reads only, so
+    a tag it cannot extend (not a str) raises before anything changed."""
+    current: object = torch.compiler.config.cache_key_tag
     if cfg is None:
-        if _tag_applied is not None:
-            cconfig.cache_key_tag = _tag_base if current == _tag_applied else _strip_tag(current)
-        _tag_base = _tag_applied = None
-        return
-    if _tag_applied is None or current != _tag_applied:
-        _tag_base = _strip_tag(current)
-    _tag_applied = f"{_tag_base}{_TAG_PREFIX}{cfg.fingerprint()}"
-    cconfig.cache_key_tag = _tag_applied
-
-
-def _sync_locked() -> None:
-    cfg = _scoped[-1][1] if _scoped else _installed
-    if cfg is None:
-        _restore_locked()
+        # Back to the tag from before; one someone else replaced meanwhile keeps their value.
+        restored = _tag_base if current == _tag_applied else _strip_tag(current)
+        return restored, None, None
+    if _tag_applied is not None and current == _tag_applied and _tag_base is not None:
+        base = _tag_base
     else:
-        _apply_locked()
-    _sync_cache_tag_locked(cfg)
-
-
-def _check(config: object, function: str) -> BucketingConfig:
-    if config is None:
-        return BucketingConfig()
-    if not isinstance(config, BucketingConfig):
-        raise ValueError(
-            f"{function}: config must be a BucketingConfig, got {type(config).__name__}"
+        tag = require_instance(
+            current,
+            str,
+            where=where,
+            arg="torch.compiler.config.cache_key_tag",
+            expected="a str (ap-bucketing appends the config fingerprint to it)",
         )
-    return config
+        base = str(_strip_tag(tag))
+    applied = f"{base}{_TAG_PREFIX}{cfg.fingerprint()}"
+    return applied, base, applied
+
+
+def _sync_locked(where: str) -> None:
+    """Make torch match the active config (patched sites + tag), or torch's own state when none
+    is active. Every lookup and check runs before the first change: if this raises, nothing
+    changed."""
+    global _applied, _tag_base, _tag_applied
+    cfg = current_config()
+    if cfg is None and not _applied:
+        return
+    sites = _sites()
+    tag, base, applied = _plan_tag_locked(cfg, where)
+    # From here on nothing raises.
+    if cfg is None:
+        _restore_locked(sites)
+    else:
+        _apply_locked(sites)
+    cconfig: Any = torch.compiler.config
+    cconfig.cache_key_tag = tag
+    _applied, _tag_base, _tag_applied = cfg is not None, base, applied
 
 
 def install(config: BucketingConfig | None = None) -> None:
     """Patch torch process-wide with ``config`` (default ``BucketingConfig()``) until
-    ``uninstall()``. Installing again replaces the installed config; idempotent."""
+    ``uninstall()``. Installing again replaces the installed config; idempotent. A failing
+    install changes nothing."""
     global _installed
-    cfg = _check(config, "install")
+    cfg = resolve_config(config, where="install")
     with _lock:
-        _sites()  # every patch site exists, before any state changes
-        _installed = cfg
-        _sync_locked()
+        previous, _installed = _installed, cfg
+        try:
+            _sync_locked("install")
+        except BaseException:
+            _installed = previous
+            raise
 
 
 def uninstall() -> None:
@@ -176,7 +201,7 @@ def uninstall() -> None:
     global _installed
     with _lock:
         _installed = None
-        _sync_locked()
+        _sync_locked("uninstall")
 
 
 def is_installed() -> bool:
@@ -187,19 +212,27 @@ def is_installed() -> bool:
 @contextlib.contextmanager
 def patched(config: BucketingConfig | None = None) -> Iterator[BucketingConfig]:
     """Patch torch with ``config`` for the block; nestable (the innermost config wins and the
-    outer one is back on exit) and thread-safe. Yields the active config."""
-    cfg = _check(config, "patched")
+    outer one is back on exit) and thread-safe. Yields the active config. A failing entry
+    changes nothing."""
+    cfg = resolve_config(config, where="patched")
     token = object()
     with _lock:
-        _sites()
         _scoped.append((token, cfg))
-        _sync_locked()
+        try:
+            _sync_locked("patched")
+        except BaseException:
+            _remove_scope_locked(token)
+            raise
     try:
         yield cfg
     finally:
         with _lock:
-            for index, (entry, _) in enumerate(_scoped):
-                if entry is token:
-                    del _scoped[index]
-                    break
-            _sync_locked()
+            _remove_scope_locked(token)
+            _sync_locked("patched")
+
+
+def _remove_scope_locked(token: object) -> None:
+    for index, (entry, _) in enumerate(_scoped):
+        if entry is token:
+            del _scoped[index]
+            return

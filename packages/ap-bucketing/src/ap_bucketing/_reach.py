@@ -1,9 +1,8 @@
 """Incremental "does this candidate depend on the open bucket?" checks in near-linear time.
 
-Torch's upstream greedy bucketer grows a full descendant set per bucket, and the reference patch
-precomputed descendant sets for *every* node (O(N^2) memory on large graphs). Here two cheap
-checks replace them, both relying on the graph being topologically sorted (a path from a member
-to a candidate only runs through nodes ranked between the two):
+No descendant set is built, neither per bucket nor per node (one per node is O(N^2) memory on
+large graphs). Two cheap checks answer instead, both relying on the graph being topologically
+sorted (a path from a member to a candidate only runs through nodes ranked between the two):
 
 1. A short backward walk from the candidate that stops at placeholders, constants and anything
    ranked below the bucket's lowest member. FSDP all-gathers (parameter -> cast -> gather)

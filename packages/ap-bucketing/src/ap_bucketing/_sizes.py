@@ -9,10 +9,10 @@ collective unbucketed instead of crashing deep inside torch.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.fx as fx
+
+from . import _compat
 
 
 class MissingValueError(ValueError):
@@ -20,32 +20,9 @@ class MissingValueError(ValueError):
 
 
 def hint_int(value: int | torch.SymInt) -> int | None:
-    """Concrete int for ``value`` from its hint, or ``None`` when no hint exists."""
-    if isinstance(value, int):
-        return value
-    node: Any = value.node
-    hint = getattr(node, "_hint", None)
-    if hint is not None:
-        return int(hint)
-    shape_env = getattr(node, "shape_env", None)
-    if shape_env is None:
-        return None
-    import sympy  # type: ignore[import-untyped]
-
-    expr: Any = sympy.sympify(node.expr)
-    backed = "backed_var_to_val" if hasattr(shape_env, "backed_var_to_val") else "var_to_val"
-    for table in ("replacements", backed, "var_to_hint_override"):
-        mapping = getattr(shape_env, table, None)
-        if mapping:
-            expr = expr.xreplace(mapping)
-    if isinstance(expr, sympy.Expr):
-        expr = expr.expand(identity=True)
-    if getattr(expr, "free_symbols", None):
-        return None
-    try:
-        return int(expr)
-    except (TypeError, ValueError):
-        return None
+    """Concrete int for ``value`` from its hint, or ``None`` when no hint exists (what
+    ``ap_tags.graph.size_hint`` answers too; a cross-package test holds the two together)."""
+    return value if isinstance(value, int) else _compat.symint_hint(value)
 
 
 def _tensor_bytes(node: fx.Node, role: str, owner: fx.Node) -> int | None:

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ._checks import require_callable
+
 log = logging.getLogger(__name__)
 
 StatsObserver = Callable[["BucketingStats"], None]
@@ -67,10 +69,7 @@ _observers_lock = threading.Lock()
 
 def add_stats_observer(observer: StatsObserver) -> None:
     """Call ``observer(stats)`` after every bucketing invocation in this process."""
-    if not callable(observer):
-        raise TypeError(
-            f"add_stats_observer: observer must be callable, got {type(observer).__name__}"
-        )
+    require_callable(observer, where="add_stats_observer", arg="observer")
     with _observers_lock:
         _observers.append(observer)
 
@@ -81,7 +80,9 @@ def remove_stats_observer(observer: StatsObserver) -> None:
         try:
             _observers.remove(observer)
         except ValueError:
-            raise ValueError(f"stats observer {observer!r} is not registered") from None
+            raise ValueError(
+                f"remove_stats_observer: stats observer {observer!r} is not registered"
+            ) from None
 
 
 @contextlib.contextmanager

@@ -264,3 +264,17 @@ def _wait(b: GraphBuilder, coll: fx.Node) -> fx.Node:
     if tuple(w.meta["val"].shape) != (ROWS, ROWS):
         w = b.call(aten.cat.default, ([w, w],), (ROWS, ROWS))
     return w
+
+
+def descendants(node: fx.Node) -> set[fx.Node]:
+    """Every node reachable from ``node`` through users (``node`` itself excluded): the
+    obviously correct, quadratic-if-repeated check behind "no bucket member depends on
+    another"."""
+    out: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        for user in stack.pop().users:
+            if user not in out:
+                out.add(user)
+                stack.append(user)
+    return out
