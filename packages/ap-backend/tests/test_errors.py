@@ -27,33 +27,60 @@ class Case:
 
 
 CASES: list[Case] = []
-for option, value in [
-    ("enable_ac", "yes"),
-    ("enable_ac", 1),
-    ("enable_ac", None),
-    ("ac_stage_size_gib", -1),
-    ("ac_stage_size_gib", 0),
-    ("ac_stage_size_gib", "big"),
-    ("ac_stage_size_gib", float("nan")),
-    ("ac_stage_size_gib", True),
-    ("overlap_scheduling", 1),
-    ("overlap_scheduling", "no"),
-    ("bucketing", "x"),
-    ("bucketing", 1500),
-    ("ep_chunk", {}),
-    ("ep_chunk", "layers.*.moe"),
-    ("partitioner", "mincut"),
-    ("partitioner", 3),
-    ("partitioner", print),
+# (option, value, exception): a value of the wrong type is a TypeError naming the option and
+# the type; a value of the right type that is not allowed is a ValueError naming the value.
+for option, value, exc in [
+    ("enable_ac", "yes", TypeError),
+    ("enable_ac", 1, TypeError),
+    ("enable_ac", None, TypeError),
+    ("ac_stage_size_gib", -1, ValueError),
+    ("ac_stage_size_gib", 0, ValueError),
+    ("ac_stage_size_gib", "big", ValueError),
+    ("ac_stage_size_gib", float("nan"), ValueError),
+    ("ac_stage_size_gib", True, TypeError),
+    ("ac_stage_size_gib", [1], TypeError),
+    ("overlap_scheduling", 1, TypeError),
+    ("overlap_scheduling", "no", TypeError),
+    ("bucketing", "x", TypeError),
+    ("bucketing", 3, TypeError),
+    ("bucketing", 1500, TypeError),
+    ("ep_chunk", {}, TypeError),
+    ("ep_chunk", "x", TypeError),
+    ("ep_chunk", "layers.*.moe", TypeError),
+    ("partitioner", "mincut", ValueError),
+    ("partitioner", "foo", ValueError),
+    ("partitioner", 3, TypeError),
+    ("partitioner", print, TypeError),
 ]:
+    shown = repr(value) if exc is ValueError else type(value).__name__
     CASES.append(
         Case(
             f"autoparallel_backend/{option}={value!r}",
             lambda o=option, v=value: B.autoparallel_backend(**{o: v}),
-            ValueError,
-            ("autoparallel_backend", option, repr(value)),
+            exc,
+            ("autoparallel_backend", option, shown),
         )
     )
+CASES += [
+    Case(
+        "measure_saved/partitioner=3",
+        lambda: B.measure_saved(torch.nn.Linear(2, 2), (torch.randn(2, 2),), partitioner=3),
+        TypeError,
+        ("measure_saved", "partitioner", "int"),
+    ),
+    Case(
+        "measure_saved/ac_stage_size_gib=-1",
+        lambda: B.measure_saved(torch.nn.Linear(2, 2), (torch.randn(2, 2),), ac_stage_size_gib=-1),
+        ValueError,
+        ("measure_saved", "ac_stage_size_gib", "-1"),
+    ),
+    Case(
+        "measure_saved/module=str",
+        lambda: B.measure_saved("m", ()),  # type: ignore[arg-type]
+        TypeError,
+        ("measure_saved", "module", "nn.Module", "str"),
+    ),
+]
 CASES += [
     Case(
         "autoparallel_backend/unknown_option",
@@ -95,7 +122,7 @@ CASES += [
         "precompile/joint_pass=3",
         lambda: B.precompile(torch.nn.Linear(2, 2), (torch.randn(2, 2),), joint_pass=3),  # type: ignore[arg-type]
         TypeError,
-        ("precompile", "joint_pass", "3"),
+        ("precompile", "joint_pass", "callable", "int 3"),
     ),
     Case(
         "precompile/reshard_after_forward=str",
@@ -137,6 +164,24 @@ CASES += [
         ("Sharding", "world_size", "0"),
     ),
     Case(
+        "Sharding/world_size=str",
+        lambda: M.Sharding("dp", "2", 0),  # type: ignore[arg-type]
+        TypeError,
+        ("Sharding", "world_size", "int", "str '2'"),
+    ),
+    Case(
+        "Sharding/rank=bool",
+        lambda: M.Sharding("dp", 2, True),
+        TypeError,
+        ("Sharding", "rank", "bool"),
+    ),
+    Case(
+        "Sharding/gather_dtype=str",
+        lambda: M.Sharding("dp", 2, 0, "bf16"),  # type: ignore[arg-type]
+        TypeError,
+        ("Sharding", "gather_dtype", "torch.dtype", "str"),
+    ),
+    Case(
         "Sharding/rank_out_of_range",
         lambda: M.Sharding("dp", 2, 5),
         ValueError,
@@ -153,6 +198,24 @@ CASES += [
         lambda: M.ModelConfig(dim=-1),
         ValueError,
         ("ModelConfig", "dim", "-1"),
+    ),
+    Case(
+        "ModelConfig/dim=str",
+        lambda: M.ModelConfig(dim="64"),  # type: ignore[arg-type]
+        TypeError,
+        ("ModelConfig", "dim", "int", "str"),
+    ),
+    Case(
+        "ModelConfig/attention=3",
+        lambda: M.ModelConfig(attention=3),  # type: ignore[arg-type]
+        TypeError,
+        ("ModelConfig", "attention", "str", "int"),
+    ),
+    Case(
+        "shard_param/full=list",
+        lambda: M.shard_param([1, 2], M.Sharding("dp", 2, 0)),  # type: ignore[arg-type]
+        TypeError,
+        ("shard_param", "full", "tensor", "list"),
     ),
     Case(
         "ModelConfig/heads_do_not_divide",
@@ -209,3 +272,19 @@ def test_cli_bad_arguments_exit_2_naming_the_option(
 
 def test_catalogue_size() -> None:
     assert len(CASES) + 5 >= 40
+
+
+def test_missing_torch_internal_raises_the_package_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Feature detection, not version checks: a torch without the joint-export API fails at
+    ``precompile`` with ap-backend's ``UnsupportedTorchError`` naming the internal."""
+    import ap_tags
+    import torch._functorch.aot_autograd as aot
+
+    assert issubclass(B.UnsupportedTorchError, ap_tags.torch_support.UnsupportedTorchError)
+    assert B.TESTED_TORCH == ("2.13.0", "2.14.1", "2.15.0")
+    monkeypatch.delattr(aot, "aot_export_joint_with_descriptors")
+    with pytest.raises(B.UnsupportedTorchError) as info:
+        B.precompile(torch.nn.Linear(2, 2), (torch.randn(2, 2),))
+    assert info.value.package == "ap-backend"
+    assert "aot_export_joint_with_descriptors" in str(info.value)
+    assert "2.15.0" in str(info.value)
