@@ -130,16 +130,16 @@ def _partition_rows(result: dict[str, Any]) -> list[list[object]]:
     return rows
 
 
+def _verdict(row: dict[str, Any]) -> str:
+    ratio = row["min_cut_ac_over_save_all_bytes"]
+    same = "yes" if row["save_all_equals_first"] else "no"
+    shown = "n/a" if ratio is None else f"{ratio:.2f}"
+    return f"- {row['layers']} layers: (b) equals (a) exactly: **{same}**; (c)/(b) saved bytes = {shown}"
+
+
 def markdown(result: dict[str, Any]) -> str:
-    lines = [markdown_table(_COLUMNS, _partition_rows(result)), ""]
-    for row in result["rows"]:
-        ratio = row["min_cut_ac_over_save_all_bytes"]
-        lines.append(
-            f"- {row['layers']} layers: (b) equals (a) exactly: "
-            f"**{'yes' if row['save_all_equals_first'] else 'no'}**; (c)/(b) saved bytes = "
-            f"{'n/a' if ratio is None else f'{ratio:.2f}'}"
-        )
-    return "\n".join(lines)
+    verdicts = [_verdict(row) for row in result["rows"]]
+    return "\n".join([markdown_table(_COLUMNS, _partition_rows(result)), "", *verdicts])
 
 
 if __name__ == "__main__":

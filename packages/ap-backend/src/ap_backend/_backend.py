@@ -171,12 +171,5 @@ def autoparallel_backend(
     Raises ``TypeError`` (an option of the wrong type) or ``ValueError`` (an option value that
     is not allowed) naming the first invalid option.
     """
-    options = validate_options(
-        enable_ac=enable_ac,
-        ac_stage_size_gib=ac_stage_size_gib,
-        overlap_scheduling=overlap_scheduling,
-        bucketing=bucketing,
-        ep_chunk=ep_chunk,
-        partitioner=partitioner,
-    )
-    return AutoParallelBackend(options)
+    options = locals()  # every parameter is an option, under the same name
+    return AutoParallelBackend(validate_options(**options))

@@ -56,9 +56,6 @@ def measure_saved(
         where=where,
         enable_ac=enable_ac,
         ac_stage_size_gib=ac_stage_size_gib,
-        overlap_scheduling=False,
-        bucketing=None,
-        ep_chunk=None,
         partitioner=partitioner,
     )
     sink: list[SavedSummary] = []

@@ -109,14 +109,15 @@ def _check_partitioner(value: object, where: str) -> PartitionerChoice:
 def validate_options(
     *,
     where: str = "autoparallel_backend",
-    enable_ac: object,
-    ac_stage_size_gib: object,
-    overlap_scheduling: object,
-    bucketing: object,
-    ep_chunk: object,
-    partitioner: object,
+    enable_ac: object = False,
+    ac_stage_size_gib: object = "auto",
+    overlap_scheduling: object = False,
+    bucketing: object = None,
+    ep_chunk: object = None,
+    partitioner: object = None,
 ) -> BackendOptions:
-    """The options as a :class:`BackendOptions`; ``where`` names the caller in messages."""
+    """The options as a :class:`BackendOptions` (defaults: ``autoparallel_backend``'s);
+    ``where`` names the caller in messages."""
     return BackendOptions(
         enable_ac=require_bool(enable_ac, where=where, arg="enable_ac"),
         ac_stage_size_gib=_check_stage_size(ac_stage_size_gib, where),
