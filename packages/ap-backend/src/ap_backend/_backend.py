@@ -1,16 +1,20 @@
 """``autoparallel_backend``: Inductor with the ap passes composed around it.
 
-Scopes, and why each one is where it is:
+Every torch setting the backend touches is scoped (``docs/architecture.md``, "Backend scopes"),
+and each scope is where it is for a reason:
 
 * The partitioner (``custom_partitioner_fn``), the joint pass (AC staging + EP chunking,
   through ``torch._functorch.config.joint_custom_pass``) and ``wait_tensor_dce()`` are needed
   only while AOTAutograd splits the joint graph, which happens synchronously inside
-  ``compile_fx`` -- a plain ``with`` around the call is enough.
+  ``compile_fx`` -- so one ``with partitioning(...)`` around the call is enough, and nothing
+  outlives it, not even when the compile raises.
 * Overlap scheduling and bucketing must also reach the *backward*, which AOTAutograd compiles
-  lazily on the first ``.backward()``, after this backend returned. Overlap settings therefore
-  go through ``compile_fx(config_patches=...)`` (re-applied around ``inner_compile``), and the
-  bucketing patch plus the CPU roofline patch are entered inside our own ``inner_compile``
-  wrapper, which runs for the forward and for the lazy backward alike.
+  lazily on the first ``.backward()``, after this backend returned. Their settings therefore
+  go through ``compile_fx(config_patches=...)``, which compile_fx re-applies around every
+  ``inner_compile``. With bucketing that is ap-bucketing's ``OverlapBucketingPass``, which
+  enters ap-bucketing's torch patch and CPU estimators itself each time it runs; without, our
+  ``inner_compile`` wrapper enters the CPU estimators for torch's overlap scheduler -- for the
+  forward and the lazy backward alike.
 """
 
 from __future__ import annotations
