@@ -144,7 +144,7 @@ CASES += [
         TypeError,
         ("is_all_gather_output", "torch.fx.Node", "str"),
     ),
-    # the model kit: a missing process group, bad shardings and configs
+    # the model kit without a process group
     Case(
         "Sharding.from_world/no_process_group",
         lambda: M.Sharding.from_world(),
@@ -158,58 +158,10 @@ CASES += [
         ("gather", "'dp'", "process group"),
     ),
     Case(
-        "Sharding/world_size=0",
-        lambda: M.Sharding("dp", 0, 0),
-        ValueError,
-        ("Sharding", "world_size", "0"),
-    ),
-    Case(
-        "Sharding/world_size=str",
-        lambda: M.Sharding("dp", "2", 0),  # type: ignore[arg-type]
-        TypeError,
-        ("Sharding", "world_size", "int", "str '2'"),
-    ),
-    Case(
-        "Sharding/rank=bool",
-        lambda: M.Sharding("dp", 2, True),
-        TypeError,
-        ("Sharding", "rank", "bool"),
-    ),
-    Case(
-        "Sharding/gather_dtype=str",
-        lambda: M.Sharding("dp", 2, 0, "bf16"),  # type: ignore[arg-type]
-        TypeError,
-        ("Sharding", "gather_dtype", "torch.dtype", "str"),
-    ),
-    Case(
-        "Sharding/rank_out_of_range",
-        lambda: M.Sharding("dp", 2, 5),
-        ValueError,
-        ("Sharding", "rank", "5", "2"),
-    ),
-    Case(
         "shard_param/uneven",
         lambda: M.shard_param(torch.randn(3, 2), M.Sharding("dp", 2, 0)),
         ValueError,
         ("shard_param", "3", "world size 2"),
-    ),
-    Case(
-        "ModelConfig/dim=-1",
-        lambda: M.ModelConfig(dim=-1),
-        ValueError,
-        ("ModelConfig", "dim", "-1"),
-    ),
-    Case(
-        "ModelConfig/dim=str",
-        lambda: M.ModelConfig(dim="64"),  # type: ignore[arg-type]
-        TypeError,
-        ("ModelConfig", "dim", "int", "str"),
-    ),
-    Case(
-        "ModelConfig/attention=3",
-        lambda: M.ModelConfig(attention=3),  # type: ignore[arg-type]
-        TypeError,
-        ("ModelConfig", "attention", "str", "int"),
     ),
     Case(
         "shard_param/full=list",
@@ -217,25 +169,35 @@ CASES += [
         TypeError,
         ("shard_param", "full", "tensor", "list"),
     ),
-    Case(
-        "ModelConfig/heads_do_not_divide",
-        lambda: M.ModelConfig(dim=64, n_heads=5),
-        ValueError,
-        ("ModelConfig", "n_heads", "5", "64"),
-    ),
-    Case(
-        "ModelConfig/attention=flash",
-        lambda: M.ModelConfig(attention="flash"),  # type: ignore[arg-type]
-        ValueError,
-        ("ModelConfig", "attention", "'flash'"),
-    ),
-    Case(
-        "ModelConfig/top_k>n_experts",
-        lambda: M.ModelConfig(moe=True, n_experts=2, top_k=3),
-        ValueError,
-        ("ModelConfig", "top_k", "3", "n_experts"),
-    ),
 ]
+# Sharding(group_name, world_size, rank, gather_dtype): (args, exception, the message names)
+for args, exc, names in [
+    (("dp", 0, 0), ValueError, ("world_size", "0")),
+    (("dp", "2", 0), TypeError, ("world_size", "int", "str '2'")),
+    (("dp", 2, True), TypeError, ("rank", "bool")),
+    (("dp", 2, 5), ValueError, ("rank", "5", "2")),
+    (("dp", 2, 0, "bf16"), TypeError, ("gather_dtype", "torch.dtype", "str")),
+]:
+    CASES.append(
+        Case(f"Sharding{args!r}", lambda a=args: M.Sharding(*a), exc, ("Sharding", *names))
+    )
+# ModelConfig(**kwargs): (kwargs, exception, the message names)
+for kwargs, exc, names in [
+    ({"dim": -1}, ValueError, ("dim", "-1")),
+    ({"dim": "64"}, TypeError, ("dim", "int", "str")),
+    ({"dim": 64, "n_heads": 5}, ValueError, ("n_heads", "5", "64")),
+    ({"attention": "flash"}, ValueError, ("attention", "'flash'")),
+    ({"attention": 3}, TypeError, ("attention", "str", "int")),
+    ({"moe": True, "n_experts": 2, "top_k": 3}, ValueError, ("top_k", "3", "n_experts")),
+]:
+    CASES.append(
+        Case(
+            f"ModelConfig{kwargs!r}",
+            lambda k=kwargs: M.ModelConfig(**k),
+            exc,
+            ("ModelConfig", *names),
+        )
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
