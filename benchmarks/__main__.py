@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks._plots import plot_section
 
-#: (module, heading) in the order of SPEC §8 / the benchmark issue.
+#: (module, heading), in the order the sections run and print.
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("memory", "1. Activation memory saved for backward"),
     ("partitioner", "2. Partitioner time: SaveAll vs min-cut"),

@@ -6,14 +6,58 @@ Kept apart from the sections so a section stays runnable without matplotlib; the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 Series = dict[str, list[tuple[float, float]]]
 
 
-def _draw(path: Path, title: str, xlabel: str, ylabel: str, series: Series) -> str:
+@dataclass(frozen=True)
+class _Plot:
+    """One PNG: which rows of a section's result it reads and which (x, y) keys per line."""
+
+    file: str
+    title: str
+    xlabel: str
+    ylabel: str
+    rows: str
+    lines: dict[str, tuple[str, str]]
+
+    def series(self, result: dict[str, Any]) -> Series:
+        rows = result[self.rows]
+        return {label: [(r[x], r[y]) for r in rows] for label, (x, y) in self.lines.items()}
+
+
+_PLOTS: dict[str, _Plot] = {
+    "partitioner": _Plot(
+        "partitioner_time.png",
+        "Partitioner wall time (AC on)",
+        "joint graph nodes",
+        "ms (median)",
+        "timing",
+        {"SaveAll": ("joint_nodes", "save_all_ms"), "min-cut": ("joint_nodes", "min_cut_ms")},
+    ),
+    "bucketing": _Plot(
+        "bucketing_time.png",
+        "FSDP all-gather bucketing decision",
+        "graph nodes",
+        "ms (median)",
+        "rows",
+        {"patched": ("nodes", "patched_ms"), "upstream": ("nodes", "upstream_ms")},
+    ),
+    "chunking": _Plot(
+        "chunking_time.png",
+        "EP chunk pass time",
+        "joint graph nodes (before)",
+        "s (median)",
+        "rows",
+        {"chunk pass + concretize": ("nodes_before", "seconds")},
+    ),
+}
+
+
+def _draw(path: Path, plot: _Plot, series: Series) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,9 +67,9 @@ def _draw(path: Path, title: str, xlabel: str, ylabel: str, series: Series) -> s
     for label, points in series.items():
         xs, ys = zip(*points, strict=True)
         ax.plot(xs, ys, marker="o", label=label)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_title(plot.title)
+    ax.set_xlabel(plot.xlabel)
+    ax.set_ylabel(plot.ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -34,65 +78,10 @@ def _draw(path: Path, title: str, xlabel: str, ylabel: str, series: Series) -> s
     return str(path)
 
 
-def _partitioner(result: dict[str, Any], out: Path) -> list[str]:
-    rows = result["timing"]
-    series: Series = {
-        "SaveAll": [(r["joint_nodes"], r["save_all_ms"]) for r in rows],
-        "min-cut": [(r["joint_nodes"], r["min_cut_ms"]) for r in rows],
-    }
-    return [
-        _draw(
-            out / "partitioner_time.png",
-            "Partitioner wall time (AC on)",
-            "joint graph nodes",
-            "ms (median)",
-            series,
-        )
-    ]
-
-
-def _bucketing(result: dict[str, Any], out: Path) -> list[str]:
-    rows = result["rows"]
-    series: Series = {
-        "patched": [(r["nodes"], r["patched_ms"]) for r in rows],
-        "upstream": [(r["nodes"], r["upstream_ms"]) for r in rows],
-    }
-    return [
-        _draw(
-            out / "bucketing_time.png",
-            "FSDP all-gather bucketing decision",
-            "graph nodes",
-            "ms (median)",
-            series,
-        )
-    ]
-
-
-def _chunking(result: dict[str, Any], out: Path) -> list[str]:
-    rows = result["rows"]
-    series: Series = {"chunk pass + concretize": [(r["nodes_before"], r["seconds"]) for r in rows]}
-    return [
-        _draw(
-            out / "chunking_time.png",
-            "EP chunk pass time",
-            "joint graph nodes (before)",
-            "s (median)",
-            series,
-        )
-    ]
-
-
-_PLOTTERS: dict[str, Callable[[dict[str, Any], Path], list[str]]] = {
-    "partitioner": _partitioner,
-    "bucketing": _bucketing,
-    "chunking": _chunking,
-}
-
-
 def plot_section(name: str, result: dict[str, Any], out: Path) -> list[str]:
     """PNG paths drawn for section ``name`` (none for sections without a size axis)."""
-    plotter = _PLOTTERS.get(name)
-    if plotter is None:
+    plot = _PLOTS.get(name)
+    if plot is None:
         return []
     out.mkdir(parents=True, exist_ok=True)
-    return plotter(result, out)
+    return [_draw(out / plot.file, plot, plot.series(result))]

@@ -18,9 +18,10 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from ap_backend._spawn import spawn_ranks
-from ap_backend._train import TrainSpec, Variant, run_rank
+from ap_backend.demo import TrainSpec, Variant, run_rank, spawn_ranks
 from ap_backend.models import ModelConfig
+
+from benchmarks import markdown_table
 
 VARIANTS = (
     Variant("stock Inductor", backend="inductor"),
@@ -62,21 +63,31 @@ def run(quick: bool) -> dict[str, Any]:
     return {"layers": layers, "ranks": 2, "steps": steps, "rows": rows}
 
 
+_COLUMNS = (
+    ("configuration", "l"),
+    ("compile time (s)", "r"),
+    ("of which precompile (s)", "r"),
+    ("steady step (ms)", "r"),
+    ("grad/loss mismatches vs eager", "r"),
+)
+
+
 def markdown(result: dict[str, Any]) -> str:
-    lines = [
-        f"Demo model, {result['layers']} layers, {result['ranks']} gloo ranks, median of "
-        f"{result['steps'] - 1} steady steps (rank 0).",
-        "",
-        "| configuration | compile time (s) | of which precompile (s) | steady step (ms) | "
-        "grad/loss mismatches vs eager |",
-        "|---|---:|---:|---:|---:|",
+    rows = [
+        [
+            row["name"],
+            f"{row['compile_s']:.2f}",
+            f"{row.get('precompile_s', 0.0):.2f}",
+            f"{row['step_s'] * 1e3:.1f}",
+            row["mismatches"],
+        ]
+        for row in result["rows"]
     ]
-    for row in result["rows"]:
-        lines.append(
-            f"| {row['name']} | {row['compile_s']:.2f} | {row.get('precompile_s', 0.0):.2f} | "
-            f"{row['step_s'] * 1e3:.1f} | {row['mismatches']} |"
-        )
-    return "\n".join(lines)
+    heading = (
+        f"Demo model, {result['layers']} layers, {result['ranks']} gloo ranks, median of "
+        f"{result['steps'] - 1} steady steps (rank 0)."
+    )
+    return f"{heading}\n\n{markdown_table(_COLUMNS, rows)}"
 
 
 if __name__ == "__main__":

@@ -23,18 +23,18 @@ from collections import Counter
 from typing import Any
 
 import torch
-import torch._dynamo
 from ap_backend import measure_saved, precompile
 from ap_backend.models import ModelConfig, Sharding, Transformer
 from ap_partitioner import MinCutPartitioner, PartitionReport, SaveAllPartitioner
+from ap_testing.distributed import fake_world
 
-from benchmarks.partitioner_model import fake_process_group
+from benchmarks import markdown_table
 
 STAGE_GIB = "auto"
 
 
 def _measure(layers: int) -> dict[str, Any]:
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model = Transformer(ModelConfig(n_layers=layers, attention="matmul"), Sharding.from_world())
     batch = model.example_batch(0, 0)
     pm = precompile(model, batch)
@@ -56,7 +56,7 @@ def _measure(layers: int) -> dict[str, Any]:
     same_as_first = False
     for name, module, cls, ac in cases:
         reports: list[PartitionReport] = []
-        torch._dynamo.reset()
+        torch.compiler.reset()
         summary = measure_saved(
             module,
             batch,
@@ -86,7 +86,7 @@ def _measure(layers: int) -> dict[str, Any]:
 
 def run(quick: bool) -> dict[str, Any]:
     sizes = [2] if quick else [2, 4, 8]
-    with fake_process_group():  # world size 8, structure only
+    with fake_world():  # world size 8, structure only
         return {"rows": [_measure(n) for n in sizes], "ac_stage_size_gib": STAGE_GIB}
 
 
@@ -99,30 +99,47 @@ _LABELS = (
 )
 
 
-def markdown(result: dict[str, Any]) -> str:
-    lines = [
-        "| layers | partition | saved tensors | saved bytes | all-gather outputs saved | "
-        "all-gather bytes | bw collectives |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
+_COLUMNS = (
+    ("layers", "r"),
+    ("partition", "l"),
+    ("saved tensors", "r"),
+    ("saved bytes", "r"),
+    ("all-gather outputs saved", "r"),
+    ("all-gather bytes", "r"),
+    ("bw collectives", "r"),
+)
+
+
+def _partition_rows(result: dict[str, Any]) -> list[list[object]]:
+    rows: list[list[object]] = []
     for row in result["rows"]:
         for key, label in _LABELS:
             p = row["partitions"][key]
             fb = " (fell back)" if p.get("fell_back") else ""
-            lines.append(
-                f"| {row['layers']} | {label}{fb} | {p['count']} | {p['bytes']:,} | "
-                f"{p['all_gather_saved']} | {p['all_gather_bytes']:,} | "
-                f"{p.get('backward_collectives', '–')} |"
+            rows.append(
+                [
+                    row["layers"],
+                    f"{label}{fb}",
+                    p["count"],
+                    f"{p['bytes']:,}",
+                    p["all_gather_saved"],
+                    f"{p['all_gather_bytes']:,}",
+                    p.get("backward_collectives", "–"),
+                ]
             )
-    lines.append("")
-    for row in result["rows"]:
-        ratio = row["min_cut_ac_over_save_all_bytes"]
-        lines.append(
-            f"- {row['layers']} layers: (b) equals (a) exactly: "
-            f"**{'yes' if row['save_all_equals_first'] else 'no'}**; (c)/(b) saved bytes = "
-            f"{'n/a' if ratio is None else f'{ratio:.2f}'}"
-        )
-    return "\n".join(lines)
+    return rows
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    ratio = row["min_cut_ac_over_save_all_bytes"]
+    same = "yes" if row["save_all_equals_first"] else "no"
+    shown = "n/a" if ratio is None else f"{ratio:.2f}"
+    return f"- {row['layers']} layers: (b) equals (a) exactly: **{same}**; (c)/(b) saved bytes = {shown}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    verdicts = [_verdict(row) for row in result["rows"]]
+    return "\n".join([markdown_table(_COLUMNS, _partition_rows(result)), "", *verdicts])
 
 
 if __name__ == "__main__":

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ap_backend._spawn import spawn_ranks
-from ap_backend._train import TrainSpec, Variant, run_rank
+from ap_backend.demo import TrainSpec, Variant, run_rank, spawn_ranks
 from ap_backend.models import ModelConfig
 
 VARIANTS = (

@@ -5,30 +5,16 @@ output."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 
-import pytest
-import torch
-import torch._dynamo
 from ap_backend import measure_saved, precompile
 from ap_backend.models import ModelConfig, Sharding, Transformer
-
-from tests._fakepg import fake_world
-
-
-@pytest.fixture()
-def world() -> Iterator[None]:
-    torch._dynamo.reset()
-    with fake_world():
-        yield
-    torch._dynamo.reset()
 
 
 def _model() -> Transformer:
     return Transformer(ModelConfig(n_layers=2, attention="matmul"), Sharding.from_world())
 
 
-def test_second_partition_saves_exactly_the_first_set(world: None) -> None:
+def test_second_partition_saves_exactly_the_first_set(fake_pg: str) -> None:
     model = _model()
     batch = model.example_batch(0, 0)
     pm = precompile(model, batch)
@@ -45,7 +31,7 @@ def test_second_partition_saves_exactly_the_first_set(world: None) -> None:
     assert with_ac.all_gather_outputs == ()
 
 
-def test_without_fsdp_tags_min_cut_saves_all_gather_outputs(world: None) -> None:
+def test_without_fsdp_tags_min_cut_saves_all_gather_outputs(fake_pg: str) -> None:
     """The rule the tags enforce: untagged, min-cut keeps gathered weights for backward."""
     model = _model()
     batch = model.example_batch(0, 0)

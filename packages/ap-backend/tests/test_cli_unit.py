@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from ap_backend._demo import DemoOptions, render_table
 from ap_backend.cli import main
+from ap_backend.demo import DemoOptions, render_table
 
 
 @pytest.mark.parametrize("argv", [["demo", "--steps", "0"], ["demo", "--ranks", "3"], ["nope"], []])

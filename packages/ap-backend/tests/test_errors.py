@@ -27,33 +27,60 @@ class Case:
 
 
 CASES: list[Case] = []
-for option, value in [
-    ("enable_ac", "yes"),
-    ("enable_ac", 1),
-    ("enable_ac", None),
-    ("ac_stage_size_gib", -1),
-    ("ac_stage_size_gib", 0),
-    ("ac_stage_size_gib", "big"),
-    ("ac_stage_size_gib", float("nan")),
-    ("ac_stage_size_gib", True),
-    ("overlap_scheduling", 1),
-    ("overlap_scheduling", "no"),
-    ("bucketing", "x"),
-    ("bucketing", 1500),
-    ("ep_chunk", {}),
-    ("ep_chunk", "layers.*.moe"),
-    ("partitioner", "mincut"),
-    ("partitioner", 3),
-    ("partitioner", print),
+# (option, value, exception): a value of the wrong type is a TypeError naming the option and
+# the type; a value of the right type that is not allowed is a ValueError naming the value.
+for option, value, exc in [
+    ("enable_ac", "yes", TypeError),
+    ("enable_ac", 1, TypeError),
+    ("enable_ac", None, TypeError),
+    ("ac_stage_size_gib", -1, ValueError),
+    ("ac_stage_size_gib", 0, ValueError),
+    ("ac_stage_size_gib", "big", ValueError),
+    ("ac_stage_size_gib", float("nan"), ValueError),
+    ("ac_stage_size_gib", True, TypeError),
+    ("ac_stage_size_gib", [1], TypeError),
+    ("overlap_scheduling", 1, TypeError),
+    ("overlap_scheduling", "no", TypeError),
+    ("bucketing", "x", TypeError),
+    ("bucketing", 3, TypeError),
+    ("bucketing", 1500, TypeError),
+    ("ep_chunk", {}, TypeError),
+    ("ep_chunk", "x", TypeError),
+    ("ep_chunk", "layers.*.moe", TypeError),
+    ("partitioner", "mincut", ValueError),
+    ("partitioner", "foo", ValueError),
+    ("partitioner", 3, TypeError),
+    ("partitioner", print, TypeError),
 ]:
+    shown = repr(value) if exc is ValueError else type(value).__name__
     CASES.append(
         Case(
             f"autoparallel_backend/{option}={value!r}",
             lambda o=option, v=value: B.autoparallel_backend(**{o: v}),
-            ValueError,
-            ("autoparallel_backend", option, repr(value)),
+            exc,
+            ("autoparallel_backend", option, shown),
         )
     )
+CASES += [
+    Case(
+        "measure_saved/partitioner=3",
+        lambda: B.measure_saved(torch.nn.Linear(2, 2), (torch.randn(2, 2),), partitioner=3),
+        TypeError,
+        ("measure_saved", "partitioner", "int"),
+    ),
+    Case(
+        "measure_saved/ac_stage_size_gib=-1",
+        lambda: B.measure_saved(torch.nn.Linear(2, 2), (torch.randn(2, 2),), ac_stage_size_gib=-1),
+        ValueError,
+        ("measure_saved", "ac_stage_size_gib", "-1"),
+    ),
+    Case(
+        "measure_saved/module=str",
+        lambda: B.measure_saved("m", ()),  # type: ignore[arg-type]
+        TypeError,
+        ("measure_saved", "module", "nn.Module", "str"),
+    ),
+]
 CASES += [
     Case(
         "autoparallel_backend/unknown_option",
@@ -95,7 +122,7 @@ CASES += [
         "precompile/joint_pass=3",
         lambda: B.precompile(torch.nn.Linear(2, 2), (torch.randn(2, 2),), joint_pass=3),  # type: ignore[arg-type]
         TypeError,
-        ("precompile", "joint_pass", "3"),
+        ("precompile", "joint_pass", "callable", "int 3"),
     ),
     Case(
         "precompile/reshard_after_forward=str",
@@ -117,7 +144,7 @@ CASES += [
         TypeError,
         ("is_all_gather_output", "torch.fx.Node", "str"),
     ),
-    # the model kit: a missing process group, bad shardings and configs
+    # the model kit without a process group
     Case(
         "Sharding.from_world/no_process_group",
         lambda: M.Sharding.from_world(),
@@ -131,48 +158,46 @@ CASES += [
         ("gather", "'dp'", "process group"),
     ),
     Case(
-        "Sharding/world_size=0",
-        lambda: M.Sharding("dp", 0, 0),
-        ValueError,
-        ("Sharding", "world_size", "0"),
-    ),
-    Case(
-        "Sharding/rank_out_of_range",
-        lambda: M.Sharding("dp", 2, 5),
-        ValueError,
-        ("Sharding", "rank", "5", "2"),
-    ),
-    Case(
         "shard_param/uneven",
         lambda: M.shard_param(torch.randn(3, 2), M.Sharding("dp", 2, 0)),
         ValueError,
         ("shard_param", "3", "world size 2"),
     ),
     Case(
-        "ModelConfig/dim=-1",
-        lambda: M.ModelConfig(dim=-1),
-        ValueError,
-        ("ModelConfig", "dim", "-1"),
-    ),
-    Case(
-        "ModelConfig/heads_do_not_divide",
-        lambda: M.ModelConfig(dim=64, n_heads=5),
-        ValueError,
-        ("ModelConfig", "n_heads", "5", "64"),
-    ),
-    Case(
-        "ModelConfig/attention=flash",
-        lambda: M.ModelConfig(attention="flash"),  # type: ignore[arg-type]
-        ValueError,
-        ("ModelConfig", "attention", "'flash'"),
-    ),
-    Case(
-        "ModelConfig/top_k>n_experts",
-        lambda: M.ModelConfig(moe=True, n_experts=2, top_k=3),
-        ValueError,
-        ("ModelConfig", "top_k", "3", "n_experts"),
+        "shard_param/full=list",
+        lambda: M.shard_param([1, 2], M.Sharding("dp", 2, 0)),  # type: ignore[arg-type]
+        TypeError,
+        ("shard_param", "full", "tensor", "list"),
     ),
 ]
+# Sharding(group_name, world_size, rank, gather_dtype): (args, exception, the message names)
+for args, exc, names in [
+    (("dp", 0, 0), ValueError, ("world_size", "0")),
+    (("dp", "2", 0), TypeError, ("world_size", "int", "str '2'")),
+    (("dp", 2, True), TypeError, ("rank", "bool")),
+    (("dp", 2, 5), ValueError, ("rank", "5", "2")),
+    (("dp", 2, 0, "bf16"), TypeError, ("gather_dtype", "torch.dtype", "str")),
+]:
+    CASES.append(
+        Case(f"Sharding{args!r}", lambda a=args: M.Sharding(*a), exc, ("Sharding", *names))
+    )
+# ModelConfig(**kwargs): (kwargs, exception, the message names)
+for kwargs, exc, names in [
+    ({"dim": -1}, ValueError, ("dim", "-1")),
+    ({"dim": "64"}, TypeError, ("dim", "int", "str")),
+    ({"dim": 64, "n_heads": 5}, ValueError, ("n_heads", "5", "64")),
+    ({"attention": "flash"}, ValueError, ("attention", "'flash'")),
+    ({"attention": 3}, TypeError, ("attention", "str", "int")),
+    ({"moe": True, "n_experts": 2, "top_k": 3}, ValueError, ("top_k", "3", "n_experts")),
+]:
+    CASES.append(
+        Case(
+            f"ModelConfig{kwargs!r}",
+            lambda k=kwargs: M.ModelConfig(**k),
+            exc,
+            ("ModelConfig", *names),
+        )
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -209,3 +234,19 @@ def test_cli_bad_arguments_exit_2_naming_the_option(
 
 def test_catalogue_size() -> None:
     assert len(CASES) + 5 >= 40
+
+
+def test_missing_torch_internal_raises_the_package_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Feature detection, not version checks: a torch without the joint-export API fails at
+    ``precompile`` with ap-backend's ``UnsupportedTorchError`` naming the internal."""
+    import ap_tags
+    import torch._functorch.aot_autograd as aot
+
+    assert issubclass(B.UnsupportedTorchError, ap_tags.torch_support.UnsupportedTorchError)
+    assert B.TESTED_TORCH == ("2.13.0", "2.14.1", "2.15.0")
+    monkeypatch.delattr(aot, "aot_export_joint_with_descriptors")
+    with pytest.raises(B.UnsupportedTorchError) as info:
+        B.precompile(torch.nn.Linear(2, 2), (torch.randn(2, 2),))
+    assert info.value.package == "ap-backend"
+    assert "aot_export_joint_with_descriptors" in str(info.value)
+    assert "2.15.0" in str(info.value)

@@ -3,27 +3,12 @@ sharded linear layer, real Inductor codegen), and each compile emits its trace a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch._dynamo
-import torch.distributed as dist
 from ap_backend import autoparallel_backend
 from ap_backend.models import ShardedLinear, Sharding
-from torch.testing._internal.distributed.fake_pg import FakeStore
-
-
-@pytest.fixture()
-def world() -> Iterator[None]:
-    torch._dynamo.reset()
-    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        torch._dynamo.reset()
 
 
 class _OneLinear(torch.nn.Module):
@@ -39,8 +24,9 @@ class _OneLinear(torch.nn.Module):
 @pytest.mark.slow
 @pytest.mark.parametrize("bucketing", [False, True])
 def test_lazy_backward_compile_sees_overlap_settings(
-    world: None, monkeypatch: pytest.MonkeyPatch, bucketing: bool
+    fake_pg: str, monkeypatch: pytest.MonkeyPatch, bucketing: bool
 ) -> None:
+    import torch._logging._internal as trace_internal
     from torch._inductor import compile_fx as cfx
     from torch._inductor import config as inductor_config
 
@@ -60,16 +46,15 @@ def test_lazy_backward_compile_sees_overlap_settings(
         return original(gm, example_inputs, **kwargs)
 
     monkeypatch.setattr(cfx, "compile_fx_inner", spy)
-    import ap_backend._artifacts as artifacts
-
     emitted: list[str] = []
-    real_trace = artifacts.trace_structured
+    real_trace = trace_internal.trace_structured
 
     def capture(kind: str, metadata_fn: Any = dict, **kw: Any) -> None:
-        emitted.append(metadata_fn()["name"])
+        if kind == "artifact":
+            emitted.append(metadata_fn()["name"])
         real_trace(kind, metadata_fn=metadata_fn, **kw)
 
-    monkeypatch.setattr(artifacts, "trace_structured", capture)
+    monkeypatch.setattr(trace_internal, "trace_structured", capture)
     module = _OneLinear()
     backend = autoparallel_backend(overlap_scheduling=True, bucketing=bucketing)
     loss = torch.compile(module, backend=backend)(torch.randn(4, 16))

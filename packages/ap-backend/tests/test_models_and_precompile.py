@@ -3,33 +3,18 @@ is garbage, so no numbers are asserted)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch._dynamo
-import torch.distributed as dist
 from ap_backend import is_all_gather_output, precompile
 from ap_backend.models import ModelConfig, Sharding, Transformer, shard_param
-from torch.testing._internal.distributed.fake_pg import FakeStore
+from ap_testing.distributed import FAKE_WORLD_SIZE
 
 
-@pytest.fixture()
-def world() -> Iterator[None]:
-    torch._dynamo.reset()
-    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-
-
-def test_parameters_are_dim0_shards_and_grads_come_back_sharded(world: None) -> None:
+def test_parameters_are_dim0_shards_and_grads_come_back_sharded(fake_pg: str) -> None:
     model = Transformer(ModelConfig(n_layers=1, moe=True), Sharding.from_world())
     full = Transformer(ModelConfig(n_layers=1, moe=True), Sharding("", 1, 0))
     for (name, p), (_, q) in zip(model.named_parameters(), full.named_parameters(), strict=True):
-        assert p.shape[0] * 8 == q.shape[0], name
+        assert p.shape[0] * FAKE_WORLD_SIZE == q.shape[0], name
     model(*model.example_batch(0, 0)).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.shape == p.shape, name
@@ -41,9 +26,18 @@ def test_shard_param_rejects_uneven_dim0() -> None:
         shard_param(torch.zeros(12, 3), Sharding("g", 8, 0))
 
 
+def test_sharding_from_world_names_the_fake_group(fake_pg: str) -> None:
+    sharding = Sharding.from_world()
+    assert (sharding.group_name, sharding.world_size, sharding.rank) == (
+        fake_pg,
+        FAKE_WORLD_SIZE,
+        0,
+    )
+
+
 @pytest.mark.parametrize("gather_dtype", [None, torch.bfloat16])
 def test_precompile_tags_every_fsdp_chain_and_saves_no_gathered_weight(
-    world: None, gather_dtype: torch.dtype | None
+    fake_pg: str, gather_dtype: torch.dtype | None
 ) -> None:
     model = Transformer(
         ModelConfig(n_layers=1, attention="matmul"), Sharding.from_world(gather_dtype)
@@ -60,7 +54,7 @@ def test_precompile_tags_every_fsdp_chain_and_saves_no_gathered_weight(
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_precompile_without_reshard_saves_gathered_weights(world: None) -> None:
+def test_precompile_without_reshard_saves_gathered_weights(fake_pg: str) -> None:
     model = Transformer(ModelConfig(n_layers=1, attention="matmul"), Sharding.from_world())
     pm = precompile(model, model.example_batch(0, 0), reshard_after_forward=False)
     assert len(pm.first_partition.all_gather_outputs) > 0

@@ -1,4 +1,5 @@
-"""autoparallel_backend rejects bad options with a ValueError naming the option."""
+"""autoparallel_backend rejects bad options naming the option: a TypeError for a value of the
+wrong type, a ValueError for a value of the right type that is not allowed."""
 
 from __future__ import annotations
 
@@ -10,18 +11,32 @@ from ap_bucketing import BucketingConfig
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"enable_ac": "yes"}, "enable_ac"),
         ({"ac_stage_size_gib": 0}, "ac_stage_size_gib"),
         ({"ac_stage_size_gib": -1.5}, "ac_stage_size_gib"),
         ({"ac_stage_size_gib": "big"}, "ac_stage_size_gib"),
-        ({"overlap_scheduling": 1}, "overlap_scheduling"),
-        ({"bucketing": "fsdp"}, "bucketing"),
-        ({"ep_chunk": {"module_patterns": ["layers.*.moe"]}}, "ep_chunk"),
         ({"partitioner": "greedy"}, "partitioner"),
     ],
 )
-def test_invalid_option_raises_value_error_naming_it(kwargs: dict[str, object], name: str) -> None:
+def test_disallowed_value_raises_value_error_naming_it(
+    kwargs: dict[str, object], name: str
+) -> None:
     with pytest.raises(ValueError, match=name):
+        autoparallel_backend(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"enable_ac": "yes"}, "enable_ac"),
+        ({"ac_stage_size_gib": True}, "ac_stage_size_gib"),
+        ({"overlap_scheduling": 1}, "overlap_scheduling"),
+        ({"bucketing": "fsdp"}, "bucketing"),
+        ({"ep_chunk": {"module_patterns": ["layers.*.moe"]}}, "ep_chunk"),
+        ({"partitioner": 3}, "partitioner"),
+    ],
+)
+def test_wrong_type_raises_type_error_naming_it(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(TypeError, match=name):
         autoparallel_backend(**kwargs)  # type: ignore[arg-type]
 
 
@@ -31,6 +46,13 @@ def test_valid_options_are_normalised() -> None:
     assert isinstance(be.options.bucketing, BucketingConfig)
     assert be.options.partitioner == "save_all"
     assert autoparallel_backend(bucketing=False).options.bucketing is None
+
+
+def test_custom_partitioner_is_accepted_as_is() -> None:
+    from ap_partitioner import MinCutPartitioner
+
+    custom = MinCutPartitioner()
+    assert autoparallel_backend(partitioner=custom).options.partitioner is custom
 
 
 def test_partitioner_pickles_for_inductor_cache_key_without_cycles() -> None:

@@ -1,23 +1,35 @@
 """The torch.compile backend composing the ap passes.
 
 * :func:`autoparallel_backend` -- the backend (SaveAll partitioner, AC staging, overlap
-  scheduling, topo-span-bounded bucketing, EP chunking);
+  scheduling, topo-span-bounded bucketing, EP chunking), every torch setting it touches scoped
+  to its compile calls (see ``docs/architecture.md``, "Backend scopes");
 * :func:`precompile` -- the first compilation whose tags the backend replays;
+* :func:`measure_saved` / :class:`SavedSummary` -- what a partition saves for backward,
+  measured one way for every partitioner; :func:`is_all_gather_output` is
+  ``ap_tags.graph.is_all_gather_output`` (one definition for every package);
+* :data:`TESTED_TORCH` / :class:`UnsupportedTorchError` -- the torch versions ap-backend is
+  tested on, and the error a missing torch internal raises;
 * :mod:`ap_backend.models` -- a small FSDP-style model kit;
-* ``ap-backend demo`` -- the main job (see :mod:`ap_backend.cli`).
+* :mod:`ap_backend.demo` -- the application: gloo ranks, the eager-checked training loop and
+  the ``ap-backend demo`` table (the console script is :mod:`ap_backend.cli`).
 """
 
+from ap_tags.graph import is_all_gather_output
+
 from ap_backend._backend import AutoParallelBackend, autoparallel_backend
+from ap_backend._compat import TESTED_TORCH, UnsupportedTorchError
 from ap_backend._measure import measure_saved
 from ap_backend._precompile import PrecompiledModule, precompile
-from ap_backend._saved import SavedSummary, is_all_gather_output
+from ap_backend._saved import SavedSummary
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "TESTED_TORCH",
     "AutoParallelBackend",
     "PrecompiledModule",
     "SavedSummary",
+    "UnsupportedTorchError",
     "__version__",
     "autoparallel_backend",
     "is_all_gather_output",

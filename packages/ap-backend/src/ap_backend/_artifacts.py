@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from torch._logging._internal import trace_structured
+from ap_backend import _compat
 
 __all__ = ["emit_json", "emit_string", "jsonable"]
 
@@ -30,7 +30,8 @@ def jsonable(obj: Any) -> Any:
 
 
 def emit_json(name: str, payload: Any) -> None:
-    trace_structured(
+    """``payload`` (made JSON-compatible) as artifact ``name``; serialised only when tracing."""
+    _compat.trace_structured()(
         "artifact",
         metadata_fn=lambda: {"name": name, "encoding": "json"},
         payload_fn=lambda: json.dumps(jsonable(payload)),
@@ -40,7 +41,7 @@ def emit_json(name: str, payload: Any) -> None:
 
 def emit_string(name: str, text_fn: Callable[[], str]) -> None:
     """``text_fn`` runs only when structured tracing is on (printing a big graph is costly)."""
-    trace_structured(
+    _compat.trace_structured()(
         "artifact",
         metadata_fn=lambda: {"name": name, "encoding": "string"},
         payload_fn=text_fn,

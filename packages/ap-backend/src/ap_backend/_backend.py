@@ -1,16 +1,20 @@
 """``autoparallel_backend``: Inductor with the ap passes composed around it.
 
-Scopes, and why each one is where it is:
+Every torch setting the backend touches is scoped (``docs/architecture.md``, "Backend scopes"),
+and each scope is where it is for a reason:
 
 * The partitioner (``custom_partitioner_fn``), the joint pass (AC staging + EP chunking,
   through ``torch._functorch.config.joint_custom_pass``) and ``wait_tensor_dce()`` are needed
   only while AOTAutograd splits the joint graph, which happens synchronously inside
-  ``compile_fx`` -- a plain ``with`` around the call is enough.
+  ``compile_fx`` -- so one ``with partitioning(...)`` around the call is enough, and nothing
+  outlives it, not even when the compile raises.
 * Overlap scheduling and bucketing must also reach the *backward*, which AOTAutograd compiles
-  lazily on the first ``.backward()``, after this backend returned. Overlap settings therefore
-  go through ``compile_fx(config_patches=...)`` (re-applied around ``inner_compile``), and the
-  bucketing patch plus the CPU roofline patch are entered inside our own ``inner_compile``
-  wrapper, which runs for the forward and for the lazy backward alike.
+  lazily on the first ``.backward()``, after this backend returned. Their settings therefore
+  go through ``compile_fx(config_patches=...)``, which compile_fx re-applies around every
+  ``inner_compile``. With bucketing that is ap-bucketing's ``OverlapBucketingPass``, which
+  enters ap-bucketing's torch patch and CPU estimators itself each time it runs; without, our
+  ``inner_compile`` wrapper enters the CPU estimators for torch's overlap scheduler -- for the
+  forward and the lazy backward alike.
 """
 
 from __future__ import annotations
@@ -18,32 +22,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import ap_bucketing
 import ap_epchunk
 import ap_tags
-import torch
 import torch.fx
-from ap_partitioner import wait_tensor_dce
+from ap_tags.checks import require_graph_module, require_instance
 
+from ap_backend import _compat
 from ap_backend._artifacts import emit_json, emit_string
 from ap_backend._options import BackendOptions, validate_options
-from ap_backend._overlap import overlap_config_patches
-from ap_backend._partitioners import MeasuringPartitioner, make_partitioner
+from ap_backend._overlap import has_gpu, overlap_config_patches
+from ap_backend._partitioners import MeasuringPartitioner, make_partitioner, partitioning
 from ap_backend._saved import SavedSummary
 
 __all__ = ["AutoParallelBackend", "autoparallel_backend"]
-
-
-def _has_gpu() -> bool:
-    return bool(torch.cuda.is_available())
-
-
-def _tracing() -> bool:
-    """Is ``TORCH_TRACE`` structured logging on (so artifact payloads will be written)?"""
-    return bool(logging.getLogger("torch.__trace").handlers)
 
 
 log = logging.getLogger(__name__)
@@ -99,7 +94,7 @@ class AutoParallelBackend:
     def _joint_pass(self, gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
         opts = self.options
         if opts.ep_chunk is not None:
-            before = gm.print_readable(print_output=False) if _tracing() else ""
+            before = gm.print_readable(print_output=False) if _compat.structured_tracing() else ""
             emit_string("ap_chunk_before", lambda: before)
             report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
             ap_epchunk.concretize_chunk_symbols(gm)
@@ -120,42 +115,32 @@ class AutoParallelBackend:
     ) -> Any:
         """Wraps Inductor's ``compile_fx_inner`` (looked up at call time) for the forward and
         the lazily compiled backward."""
-        from torch._inductor import compile_fx as cfx
-
         opts = self.options
         self.inner_compiles.append({"is_backward": bool(kwargs.get("is_backward", False))})
         with contextlib.ExitStack() as stack:
             if opts.overlap_scheduling and opts.bucketing is None:
-                stack.enter_context(ap_bucketing.cpu_overlap_estimators(not _has_gpu()))
+                stack.enter_context(ap_bucketing.cpu_overlap_estimators(not has_gpu()))
             stats = stack.enter_context(ap_bucketing.collect_stats())
-            compiled = cfx.compile_fx_inner(gm, example_inputs, **kwargs)
+            compiled = _compat.compile_fx_inner()(gm, example_inputs, **kwargs)
         for item in stats:
             self._on_bucketing_stats(item)
         return compiled
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        from torch._inductor.compile_fx import compile_fx
-
-        if not isinstance(gm, torch.fx.GraphModule):
-            raise TypeError(
-                f"autoparallel_backend: gm must be a torch.fx.GraphModule, got {type(gm).__name__}"
-            )
-        if not isinstance(example_inputs, list | tuple):
-            raise TypeError(
-                "autoparallel_backend: example_inputs must be a list or tuple, got "
-                f"{type(example_inputs).__name__}"
-            )
+        where = "autoparallel_backend"
+        require_graph_module(gm, where=where, arg="gm")
+        require_instance(
+            example_inputs,
+            (list, tuple),
+            where=where,
+            arg="example_inputs",
+            expected="a list or tuple",
+        )
         opts = self.options
-        joint: dict[str, Callable[..., Any]] = {}
-        if opts.enable_ac or opts.ep_chunk is not None:
-            joint["joint_custom_pass"] = self._joint_pass
+        needs_joint_pass = opts.enable_ac or opts.ep_chunk is not None
         start = time.perf_counter()
-        with (
-            wait_tensor_dce(),
-            torch._functorch.config.patch(joint),
-            torch._inductor.config.patch({"custom_partitioner_fn": self._partitioner}),
-        ):
-            compiled = compile_fx(
+        with partitioning(self._partitioner, self._joint_pass if needs_joint_pass else None):
+            compiled = _compat.compile_fx()(
                 gm,
                 example_inputs,
                 inner_compile=self._inner_compile,
@@ -187,14 +172,8 @@ def autoparallel_backend(
     * ``partitioner``: ``None``/``"save_all"`` (replay the first compile's saves), ``"min_cut"``,
       or any ``CustomPartitionerFn``.
 
-    Raises ``ValueError`` naming the first invalid option.
+    Raises ``TypeError`` (an option of the wrong type) or ``ValueError`` (an option value that
+    is not allowed) naming the first invalid option.
     """
-    options = validate_options(
-        enable_ac=enable_ac,
-        ac_stage_size_gib=ac_stage_size_gib,
-        overlap_scheduling=overlap_scheduling,
-        bucketing=bucketing,
-        ep_chunk=ep_chunk,
-        partitioner=partitioner,
-    )
-    return AutoParallelBackend(options)
+    options = locals()  # every parameter is an option, under the same name
+    return AutoParallelBackend(validate_options(**options))

@@ -14,11 +14,12 @@ from typing import Any
 import ap_tags
 import torch
 import torch.fx
-from ap_partitioner import wait_tensor_dce
+from ap_tags.checks import require_instance
 from torch import nn
 
+from ap_backend import _compat
 from ap_backend._options import validate_options
-from ap_backend._partitioners import MeasuringPartitioner, make_partitioner
+from ap_backend._partitioners import MeasuringPartitioner, make_partitioner, partitioning
 from ap_backend._saved import SavedSummary
 
 __all__ = ["measure_saved"]
@@ -44,33 +45,28 @@ def measure_saved(
 ) -> SavedSummary:
     """Trace ``module(*example_args)`` forward+backward with Dynamo + AOTAutograd and return
     what ``partitioner`` saves for backward (the same measure as ``precompile`` and the
-    backend use)."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor import compile_fx as cfx
-
+    backend use). ``partitioner``: ``"min_cut"``, ``"save_all"`` or a ``CustomPartitionerFn``;
+    option errors are those of :func:`~ap_backend.autoparallel_backend`."""
+    where = "measure_saved"
+    require_instance(module, nn.Module, where=where, arg="module", expected="an nn.Module")
+    require_instance(
+        example_args, (tuple, list), where=where, arg="example_args", expected="a tuple or list"
+    )
     opts = validate_options(
+        where=where,
         enable_ac=enable_ac,
         ac_stage_size_gib=ac_stage_size_gib,
-        overlap_scheduling=False,
-        bucketing=None,
-        ep_chunk=None,
         partitioner=partitioner,
     )
     sink: list[SavedSummary] = []
     part = MeasuringPartitioner(make_partitioner(opts.partitioner, lambda _r: None), sink.append)
-    joint: dict[str, Any] = {}
-    if opts.enable_ac:
-        joint["joint_custom_pass"] = ap_tags.ac_joint_pass(opts.ac_stage_size_gib)
-    backend = aot_autograd(
+    ac_pass = ap_tags.ac_joint_pass(opts.ac_stage_size_gib) if opts.enable_ac else None
+    backend = _compat.aot_autograd_backend(
         fw_compiler=_identity_compiler,
         bw_compiler=_identity_compiler,
-        partition_fn=cfx.partition_fn,
+        partition_fn=_compat.inductor_partition_fn(),
     )
-    with (
-        wait_tensor_dce(),
-        torch._functorch.config.patch(joint),
-        torch._inductor.config.patch({"custom_partitioner_fn": part}),
-    ):
+    with partitioning(part, ac_pass):
         out = torch.compile(module, backend=backend)(*example_args)
     if isinstance(out, torch.Tensor) and out.requires_grad:
         out.sum().backward()  # type: ignore[no-untyped-call]

@@ -1,20 +1,40 @@
 """Validation of ``autoparallel_backend`` options: one place that turns user input into a frozen
-:class:`BackendOptions`, so a typo fails at ``autoparallel_backend(...)`` with a ValueError
-naming the option instead of deep inside a compile."""
+:class:`BackendOptions`, so a typo fails at ``autoparallel_backend(...)`` naming the option
+instead of deep inside a compile.
+
+The checks follow ``ap_tags.checks``: a value of the wrong type raises ``TypeError``, a value
+of the right type that is not allowed (an unknown partitioner name, a non-positive stage size)
+raises ``ValueError``.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol, TypeAlias
 
 import ap_epchunk
+import torch.fx
 from ap_bucketing import BucketingConfig
-from torch._inductor.custom_graph_pass import CustomPartitionerFn
+from ap_tags.checks import describe, require_bool, require_instance
 
-__all__ = ["BackendOptions", "PartitionerChoice", "validate_options"]
+from ap_backend import _compat
 
-PartitionerChoice = Literal["save_all", "min_cut"] | CustomPartitionerFn
+__all__ = ["BackendOptions", "Partitioner", "PartitionerChoice", "validate_options"]
+
+
+class Partitioner(Protocol):
+    """What Inductor calls as ``custom_partitioner_fn`` (a ``CustomPartitionerFn``)."""
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]: ...
+
+    def uuid(self) -> Any: ...
+
+
+PartitionerChoice: TypeAlias = Literal["save_all", "min_cut"] | Partitioner
 
 _PARTITIONER_NAMES = ("save_all", "min_cut")
 
@@ -29,76 +49,80 @@ class BackendOptions:
     partitioner: PartitionerChoice
 
 
-def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"autoparallel_backend: {name} must be a bool, got {value!r}")
-    return value
-
-
-def _check_stage_size(value: object) -> float | Literal["auto"]:
-    if value == "auto":
+def _check_stage_size(value: object, where: str) -> float | Literal["auto"]:
+    expected = "'auto' or a positive number of GiB"
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"{where}: ac_stage_size_gib must be {expected}, got {value!r}")
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(
-            f"autoparallel_backend: ac_stage_size_gib must be 'auto' or a positive number of GiB, "
-            f"got {value!r}"
-        )
+        # bool is an int to Python, never a size to us
+        raise TypeError(f"{where}: ac_stage_size_gib must be {expected}, got {describe(value)}")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"autoparallel_backend: ac_stage_size_gib must be 'auto' or a positive number of GiB, "
-            f"got {value!r}"
-        )
+        raise ValueError(f"{where}: ac_stage_size_gib must be {expected}, got {value!r}")
     return float(value)
 
 
-def _check_bucketing(value: object) -> BucketingConfig | None:
+def _check_bucketing(value: object, where: str) -> BucketingConfig | None:
     if value is None or value is False:
         return None
     if value is True:
         return BucketingConfig()
-    if isinstance(value, BucketingConfig):
-        return value
-    raise ValueError(
-        f"autoparallel_backend: bucketing must be None, a bool or an ap_bucketing.BucketingConfig, "
-        f"got {value!r}"
+    return require_instance(
+        value,
+        BucketingConfig,
+        where=where,
+        arg="bucketing",
+        expected="None, a bool or an ap_bucketing.BucketingConfig",
     )
 
 
-def _check_ep_chunk(value: object) -> ap_epchunk.ChunkConfig | None:
-    if value is None or isinstance(value, ap_epchunk.ChunkConfig):
-        return value
-    raise ValueError(
-        f"autoparallel_backend: ep_chunk must be None or an ap_epchunk.ChunkConfig, got {value!r}"
+def _check_ep_chunk(value: object, where: str) -> ap_epchunk.ChunkConfig | None:
+    if value is None:
+        return None
+    return require_instance(
+        value,
+        ap_epchunk.ChunkConfig,
+        where=where,
+        arg="ep_chunk",
+        expected="None or an ap_epchunk.ChunkConfig",
     )
 
 
-def _check_partitioner(value: object) -> PartitionerChoice:
+def _check_partitioner(value: object, where: str) -> PartitionerChoice:
+    names = " or ".join(repr(n) for n in _PARTITIONER_NAMES)
     if value is None:
         return "save_all"
-    if value in _PARTITIONER_NAMES:
+    if isinstance(value, str):
+        if value not in _PARTITIONER_NAMES:
+            raise ValueError(f"{where}: partitioner must be {names}, got {value!r}")
         return value  # type: ignore[return-value]
-    if isinstance(value, CustomPartitionerFn):
-        return value
-    raise ValueError(
-        f"autoparallel_backend: partitioner must be None, 'save_all', 'min_cut' or a "
-        f"torch._inductor.custom_graph_pass.CustomPartitionerFn, got {value!r}"
-    )
+    if not _compat.is_custom_partitioner(value):
+        raise TypeError(
+            f"{where}: partitioner must be None, {names} or a CustomPartitionerFn, "
+            f"got {describe(value)}"
+        )
+    partitioner: Partitioner = value  # type: ignore[assignment]
+    return partitioner
 
 
 def validate_options(
     *,
-    enable_ac: object,
-    ac_stage_size_gib: object,
-    overlap_scheduling: object,
-    bucketing: object,
-    ep_chunk: object,
-    partitioner: object,
+    where: str = "autoparallel_backend",
+    enable_ac: object = False,
+    ac_stage_size_gib: object = "auto",
+    overlap_scheduling: object = False,
+    bucketing: object = None,
+    ep_chunk: object = None,
+    partitioner: object = None,
 ) -> BackendOptions:
+    """The options as a :class:`BackendOptions` (defaults: ``autoparallel_backend``'s);
+    ``where`` names the caller in messages."""
     return BackendOptions(
-        enable_ac=_check_bool("enable_ac", enable_ac),
-        ac_stage_size_gib=_check_stage_size(ac_stage_size_gib),
-        overlap_scheduling=_check_bool("overlap_scheduling", overlap_scheduling),
-        bucketing=_check_bucketing(bucketing),
-        ep_chunk=_check_ep_chunk(ep_chunk),
-        partitioner=_check_partitioner(partitioner),
+        enable_ac=require_bool(enable_ac, where=where, arg="enable_ac"),
+        ac_stage_size_gib=_check_stage_size(ac_stage_size_gib, where),
+        overlap_scheduling=require_bool(overlap_scheduling, where=where, arg="overlap_scheduling"),
+        bucketing=_check_bucketing(bucketing, where),
+        ep_chunk=_check_ep_chunk(ep_chunk, where),
+        partitioner=_check_partitioner(partitioner, where),
     )

@@ -22,12 +22,13 @@ from typing import Any
 import ap_bucketing
 import torch
 
-__all__ = ["overlap_config_patches"]
+__all__ = ["has_gpu", "overlap_config_patches"]
 
 _PREFIX = "aten_distributed_optimizations."
 
 
-def _has_gpu() -> bool:
+def has_gpu() -> bool:
+    """A CUDA device is usable (else overlap scheduling needs the CPU estimator recipe)."""
     return bool(torch.cuda.is_available())
 
 
@@ -48,7 +49,7 @@ def overlap_config_patches(
         _PREFIX + "insert_overlap_deps": True,
         _PREFIX + "max_compute_pre_fetch": max_compute_pre_fetch,
     }
-    if not _has_gpu():
+    if not has_gpu():
         patches.update(
             {
                 _PREFIX + "enable_fusion_regions": False,

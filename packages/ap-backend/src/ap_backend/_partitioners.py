@@ -4,44 +4,47 @@ like, whichever partitioner ran)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ap_partitioner
 import torch.fx
-from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
+from ap_partitioner import wait_tensor_dce
 
-from ap_backend._options import PartitionerChoice
+from ap_backend import _compat
+from ap_backend._options import Partitioner, PartitionerChoice
 from ap_backend._saved import SavedSummary, summarize_forward_saves
 
-__all__ = ["MeasuringPartitioner", "make_partitioner"]
+__all__ = ["JointPass", "MeasuringPartitioner", "make_partitioner", "partitioning"]
+
+#: ``joint_pass(gm, joint_inputs) -> gm``, run on the joint graph before it is partitioned.
+JointPass = Callable[[torch.fx.GraphModule, Any], torch.fx.GraphModule]
 
 
-def make_partitioner(
-    choice: PartitionerChoice, on_report: Callable[[Any], None]
-) -> CustomPartitionerFn:
+def make_partitioner(choice: PartitionerChoice, on_report: Callable[[Any], None]) -> Partitioner:
     if choice == "save_all":
         return ap_partitioner.SaveAllPartitioner(on_report=on_report)
     if choice == "min_cut":
         return ap_partitioner.MinCutPartitioner(on_report=on_report)
-    assert isinstance(choice, CustomPartitionerFn)
+    assert not isinstance(choice, str)
     return choice
 
 
-class MeasuringPartitioner(CustomPartitionerFn):
+class MeasuringPartitioner:
     """Delegates to ``inner`` and reports a :class:`SavedSummary` of its forward module.
 
-    Inductor pickles the whole config -- this object included -- into its FX-graph cache key
-    with a fast-mode pickler that rejects reference cycles, and the callbacks here point back
-    at the backend that holds this partitioner. So the pickled state is just the ``uuid()``
-    (what identifies the behaviour), and ``deepcopy`` shares the live instance.
+    A ``CustomPartitionerFn`` (registered with torch's ABC when first installed, see
+    ``_compat.as_custom_partitioner``). Inductor pickles the whole config -- this object
+    included -- into its FX-graph cache key with a fast-mode pickler that rejects reference
+    cycles, and the callbacks here point back at the backend that holds this partitioner. So
+    the pickled state is just the ``uuid()`` (what identifies the behaviour), and ``deepcopy``
+    shares the live instance.
     """
 
-    def __init__(
-        self, inner: CustomPartitionerFn, on_saved: Callable[[SavedSummary], None]
-    ) -> None:
-        self.inner: CustomPartitionerFn | None = inner
+    def __init__(self, inner: Partitioner, on_saved: Callable[[SavedSummary], None]) -> None:
+        self.inner: Partitioner | None = inner
         self.on_saved = on_saved
         self._uuid: str | None = None
 
@@ -59,7 +62,7 @@ class MeasuringPartitioner(CustomPartitionerFn):
         """Changes with the inner partitioner's uuid and with this file."""
         if self.inner is None:
             return self._uuid
-        mine = get_hash_for_files((__file__,))
+        mine = _compat.hash_files((__file__,))
         inner = self.inner.uuid()
         return hashlib.sha256(repr((mine, inner)).encode()).hexdigest()
 
@@ -77,3 +80,30 @@ class MeasuringPartitioner(CustomPartitionerFn):
 
 def _ignore(summary: SavedSummary) -> None:
     return None
+
+
+@contextlib.contextmanager
+def partitioning(partitioner: Partitioner | None, joint_pass: JointPass | None) -> Iterator[None]:
+    """The scope in which AOTAutograd splits a joint graph, entered around every compile call
+    that partitions (the backend, :func:`~ap_backend.measure_saved`, ``precompile``).
+
+    ``joint_pass`` becomes ``torch._functorch.config.joint_custom_pass`` and ``partitioner``
+    Inductor's ``custom_partitioner_fn`` (``None`` leaves either as it is), inside
+    ap-partitioner's ``wait_tensor_dce()``. All three are needed only while the joint graph is
+    split, which happens synchronously inside the compile call -- so they are config *patches*,
+    restored on exit even when the compile raises, and never outlive it: a later plain
+    ``torch.compile`` sees torch's own settings. (Under ``torch.compile`` the backend call runs
+    inside Dynamo's compile lock, so two compiles in one process never interleave them.)
+    """
+    functorch = {} if joint_pass is None else {"joint_custom_pass": joint_pass}
+    inductor = (
+        {}
+        if partitioner is None
+        else {"custom_partitioner_fn": _compat.as_custom_partitioner(partitioner)}
+    )
+    with (
+        wait_tensor_dce(),
+        _compat.functorch_config_patch(functorch),
+        _compat.inductor_config_patch(inductor),
+    ):
+        yield

@@ -18,36 +18,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ap_tags
-import torch
 import torch.fx
-from ap_partitioner import wait_tensor_dce
+from ap_tags.checks import require_bool, require_callable, require_instance
 from torch import nn
 
+from ap_backend import _compat
 from ap_backend._artifacts import emit_json
+from ap_backend._partitioners import JointPass, partitioning
 from ap_backend._saved import SavedSummary, summarize_forward_saves
 
 __all__ = ["PrecompiledModule", "precompile"]
 
 log = logging.getLogger(__name__)
-
-JointPass = Callable[[torch.fx.GraphModule, Any], torch.fx.GraphModule]
-
-_SUPPORTED = ">=2.13,<2.16"
-
-
-def _joint_export_api() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    try:
-        from torch._functorch.aot_autograd import (
-            aot_compile_joint_with_descriptors,
-            aot_export_joint_with_descriptors,
-        )
-    except ImportError as exc:  # pragma: no cover - depends on the installed torch
-        raise RuntimeError(
-            f"ap_backend.precompile needs torch._functorch.aot_autograd."
-            f"aot_export_joint_with_descriptors (torch {_SUPPORTED}); found torch "
-            f"{torch.__version__}"
-        ) from exc
-    return aot_export_joint_with_descriptors, aot_compile_joint_with_descriptors
 
 
 class PrecompiledModule(nn.Module):
@@ -86,11 +68,9 @@ def _recording_default_partition(
     joint_inputs: Any,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-    """torch's ``default_partition`` (what AutoParallel's first compile uses), measured."""
-    from torch._functorch.partitioners import default_partition
-
+    """torch's ``default_partition`` (the first compilation's partitioner), measured."""
     kwargs.pop("compiler", None)
-    fw, bw = default_partition(joint, joint_inputs, **kwargs)
+    fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
     return fw, bw
 
@@ -110,25 +90,23 @@ def precompile(
     joint_custom_pass`` would. ``reshard_after_forward=True`` tags every FSDP all-gather chain
     MUST_RECOMPUTE (the backward re-gathers); ``False`` saves the gathered weight instead.
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"precompile: module must be an nn.Module, got {type(module).__name__}")
-    if not isinstance(example_args, tuple | list):
-        raise TypeError(
-            f"precompile: example_args must be a tuple or list, got {type(example_args).__name__}"
-        )
-    if joint_pass is not None and not callable(joint_pass):
-        raise TypeError(f"precompile: joint_pass must be callable, got {joint_pass!r}")
-    export_joint, compile_joint = _joint_export_api()
+    where = "precompile"
+    require_instance(module, nn.Module, where=where, arg="module", expected="an nn.Module")
+    require_instance(
+        example_args, (tuple, list), where=where, arg="example_args", expected="a tuple or list"
+    )
+    require_bool(reshard_after_forward, where=where, arg="reshard_after_forward")
+    require_callable(joint_pass, where=where, arg="joint_pass", optional=True)
+    export_joint, compile_joint = _compat.joint_export_api()
     args = tuple(example_args)
     summaries: list[SavedSummary] = []
-    functorch_patches = {"joint_custom_pass": joint_pass} if joint_pass is not None else {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(ap_tags.annotate_module_fqns(module))
         jd = export_joint(stack, module, args)
         fsdp_report = ap_tags.mark_fsdp_all_gather_recomputation(
             jd.graph_module.graph, reshard_after_forward=reshard_after_forward
         )
-        with wait_tensor_dce(), torch._functorch.config.patch(functorch_patches):
+        with partitioning(None, joint_pass):
             compiled_fn = compile_joint(
                 jd,
                 partition_fn=functools.partial(_recording_default_partition, summaries),

@@ -1,8 +1,14 @@
-"""Console script ``ap-backend``: ``--version`` and ``demo`` (SPEC §9)."""
+"""Console script ``ap-backend``: ``--version`` and ``demo``.
+
+``ap-backend demo`` parses its options into an :class:`ap_backend.demo.DemoOptions` and runs
+:func:`ap_backend.demo.run_demo`; a bad option exits 2 with one line, a loss/grad mismatch
+against eager exits 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -85,16 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command != "demo":
         parser.error("expected a command: demo (or --version)")
-    from ap_backend._demo import DemoOptions, render_table, run_demo
+    from ap_backend.demo import DemoOptions, render_table, run_demo
 
-    opts = DemoOptions(
-        layers=args.layers,
-        steps=args.steps,
-        ranks=args.ranks,
-        ac=args.ac,
-        bucketing=args.bucketing,
-        chunk=args.chunk,
-    )
+    known = {f.name for f in dataclasses.fields(DemoOptions)}
+    opts = DemoOptions(**{k: v for k, v in vars(args).items() if k in known})
     print(f"[ap-backend demo] spawning {opts.ranks} ranks ...", flush=True)
     summary = run_demo(opts, args.json)
     print(render_table(summary))

@@ -1,8 +1,8 @@
 """FSDP-style parameter sharding with autograd-aware functional collectives.
 
 Every rank holds a dim-0 shard of each parameter. The forward all-gathers the full weight with
-``torch.ops._c10d_functional.all_gather_into_tensor`` + ``wait_tensor`` (the functional ops that
-torch registers autograd for), so the backward reduce-scatters the weight gradient back onto the
+the functional ``all_gather_into_tensor`` + ``wait_tensor`` ops (which torch registers autograd
+for), so the backward reduce-scatters the weight gradient back onto the
 shard without any hooks. That is exactly the graph shape the ap passes target: placeholder ->
 (optional cast) -> all_gather -> wait -> views -> matmul.
 """
@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives  # noqa: F401  (registers the ops' autograd)
+from ap_tags.checks import require_instance, require_int
 from torch import nn
+
+from ap_backend import _compat
 
 __all__ = ["Sharding", "gather", "shard_param", "single_rank_sharding"]
 
@@ -31,16 +33,23 @@ class Sharding:
     gather_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int):
-            raise ValueError(f"Sharding: world_size must be an int >= 1, got {self.world_size!r}")
-        if self.world_size < 1:
-            raise ValueError(f"Sharding: world_size must be an int >= 1, got {self.world_size!r}")
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
-            raise ValueError(f"Sharding: rank must be an int, got {self.rank!r}")
-        if not 0 <= self.rank < self.world_size:
+        require_instance(self.group_name, str, where="Sharding", arg="group_name", expected="a str")
+        require_int(self.world_size, where="Sharding", arg="world_size", minimum=1)
+        require_int(self.rank, where="Sharding", arg="rank", minimum=0)
+        if self.gather_dtype is not None:
+            require_instance(
+                self.gather_dtype,
+                torch.dtype,
+                where="Sharding",
+                arg="gather_dtype",
+                expected="a torch.dtype or None",
+            )
+        if self.rank >= self.world_size:
             raise ValueError(
                 f"Sharding: rank {self.rank} is out of range for world_size {self.world_size}"
             )
+        if self.world_size > 1:
+            _compat.load_functional_collectives()
 
     @staticmethod
     def from_world(gather_dtype: torch.dtype | None = None) -> Sharding:
@@ -66,6 +75,7 @@ def single_rank_sharding() -> Sharding:
 def shard_param(full: torch.Tensor, sharding: Sharding) -> nn.Parameter:
     """This rank's dim-0 slice of ``full``. Dim 0 must divide evenly: uneven shards would need
     padding, which the demo model avoids by construction."""
+    require_instance(full, torch.Tensor, where="shard_param", arg="full", expected="a tensor")
     if full.shape[0] % sharding.world_size != 0:
         raise ValueError(
             f"shard_param: dim 0 of size {full.shape[0]} does not divide by world size "
@@ -86,8 +96,4 @@ def gather(shard: torch.Tensor, sharding: Sharding) -> torch.Tensor:
             "(torch.distributed is not initialised)"
         )
     x = shard if sharding.gather_dtype is None else shard.to(sharding.gather_dtype)
-    out = torch.ops._c10d_functional.all_gather_into_tensor(
-        x, sharding.world_size, sharding.group_name
-    )
-    full: torch.Tensor = torch.ops._c10d_functional.wait_tensor(out)
-    return full
+    return _compat.all_gather_wait(x, sharding.world_size, sharding.group_name)

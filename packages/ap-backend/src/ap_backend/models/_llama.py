@@ -14,21 +14,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from ap_tags.checks import require_bool, require_instance, require_int
 from torch import nn
 
 from ap_backend.models._fsdp import Sharding, gather, shard_param
-
-__all__ = [
-    "Attention",
-    "ModelConfig",
-    "MoE",
-    "RMSNorm",
-    "ShardedEmbedding",
-    "ShardedLinear",
-    "SwiGLU",
-    "Transformer",
-    "TransformerBlock",
-]
 
 
 @dataclass(frozen=True)
@@ -50,10 +39,13 @@ class ModelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        where = "ModelConfig"
         for name in ("dim", "n_layers", "n_heads", "ffn_dim", "vocab", "seq_len", "batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig: {name} must be a positive int, got {value!r}")
+            require_int(getattr(self, name), where=where, arg=name, minimum=1)
+        for name in ("n_experts", "top_k", "seed"):
+            require_int(getattr(self, name), where=where, arg=name)
+        require_bool(self.moe, where=where, arg="moe")
+        require_instance(self.attention, str, where=where, arg="attention", expected="a str")
         if self.dim % self.n_heads != 0:
             raise ValueError(f"ModelConfig: n_heads {self.n_heads} must divide dim {self.dim}")
         if self.attention not in ("sdpa", "matmul"):

@@ -19,12 +19,13 @@ import ap_tags
 import torch
 from torch import nn
 
+from ap_backend import _compat
 from ap_backend._backend import autoparallel_backend
 from ap_backend._measure import measure_saved
 from ap_backend._precompile import precompile
 from ap_backend.models import ModelConfig, Sharding, Transformer
 
-__all__ = ["Variant", "TrainSpec", "run_rank"]
+__all__ = ["TrainSpec", "Variant", "run_rank"]
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,17 @@ class Variant:
     name: str
     backend_kwargs: dict[str, Any] = field(default_factory=dict)
     backend: str = "autoparallel"
-    #: also run the AC staging pass in the first compilation (as AutoParallel's own tests do),
-    #: with the backend's ``ac_stage_size_gib``
+    #: also run the AC staging pass in the first compilation, with the backend's
+    #: ``ac_stage_size_gib`` (both compilations then run the same AC pass)
     first_compile_ac: bool = False
 
 
 @dataclass(frozen=True)
 class TrainSpec:
+    """One training job: the model, the compiled variants compared against eager, the steps
+    and SGD learning rate, the comparison tolerances, and whether to also measure the min-cut
+    + AC saved sets (with and without the first compilation)."""
+
     model: ModelConfig
     variants: tuple[Variant, ...]
     steps: int = 4
@@ -125,17 +130,18 @@ def _say(spec: TrainSpec, rank: int, msg: str) -> None:
 
 
 def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
-    """Per-rank job: eager reference, then each variant; returns plain numbers only."""
-    import torch._dynamo
+    """Per-rank job: eager reference, then each variant; returns plain numbers only.
 
+    Runs with Inductor's FX-graph and AOTAutograd caches off: a warm cache skips the custom
+    partitioner, and there would be no partition to measure."""
     dtype = getattr(torch, spec.gather_dtype) if spec.gather_dtype else None
     sharding = Sharding.from_world(dtype)
     chunks = [v.backend_kwargs.get("ep_chunk") for v in spec.variants]
     chunk = next((c for c in chunks if c is not None), None)
     result: dict[str, Any] = {"rank": rank, "variants": {}}
     with (
-        torch._inductor.config.patch({"fx_graph_cache": False}),
-        torch._functorch.config.patch({"enable_autograd_cache": False}),
+        _compat.inductor_config_patch({"fx_graph_cache": False}),
+        _compat.functorch_config_patch({"enable_autograd_cache": False}),
     ):
         eager = _eager_model(spec, sharding, chunk)
         names = [n for n, _ in eager.named_parameters()]
@@ -146,7 +152,7 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
         )
         result["eager"] = {"losses": e_loss, "step_s": statistics.median(e_secs)}
         for variant in spec.variants:
-            torch._dynamo.reset()
+            torch.compiler.reset()
             _say(spec, rank, f"{variant.name}: first compilation + torch.compile")
             out = _run_variant(spec, sharding, variant, batches, names)
             out["mismatches"], out["max_grad_rel_diff"] = _mismatches(
@@ -154,7 +160,7 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
             )
             result["variants"][variant.name] = out
         if spec.measure_min_cut_ac:
-            torch._dynamo.reset()
+            torch.compiler.reset()
             _say(spec, rank, "measuring min-cut + AC saved sets (tagged and untagged)")
             stage = spec.min_cut_ac_stage_gib
             model = Transformer(spec.model, sharding)
@@ -163,7 +169,7 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
                 model, batches[0], joint_pass=ap_tags.ac_joint_pass(stage) if first_ac else None
             )
             result["min_cut_ac"] = measure_saved(pm, batches[0], ac_stage_size_gib=stage).to_dict()
-            torch._dynamo.reset()
+            torch.compiler.reset()
             plain = Transformer(spec.model, sharding)
             result["min_cut_ac_untagged"] = measure_saved(
                 plain, batches[0], ac_stage_size_gib=stage

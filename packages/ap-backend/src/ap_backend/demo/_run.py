@@ -1,7 +1,7 @@
-"""``ap-backend demo``: the main job. Builds the spec, spawns the ranks, renders one table.
+"""The demo job: options -> a :class:`TrainSpec` -> spawned ranks -> one summary dict.
 
-The table and ``--json`` are rendered from the same :func:`summarize` dict, so they cannot
-disagree.
+The table (:func:`~ap_backend.demo.render_table`) and ``--json`` are rendered from the same
+:func:`summarize` dict, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ap_backend._spawn import spawn_ranks
-from ap_backend._train import TrainSpec, Variant, run_rank
+from ap_backend.demo._spawn import spawn_ranks
+from ap_backend.demo._train import TrainSpec, Variant, run_rank
 from ap_backend.models import ModelConfig
 
-__all__ = ["DEMO_AC_STAGE_GIB", "DemoOptions", "render_table", "run_demo", "summarize"]
+__all__ = ["DEMO_AC_STAGE_GIB", "DemoOptions", "build_spec", "run_demo", "summarize"]
 
 #: AC stage size for the demo model: ~32 KiB, i.e. a few stages per layer of this tiny model
 #: ("auto" = sqrt(total GiB) GiB would make the whole model one stage).
@@ -24,6 +24,10 @@ DEMO_AC_STAGE_GIB = 3e-5
 
 @dataclass(frozen=True)
 class DemoOptions:
+    """What ``ap-backend demo`` runs: model depth, steps, gloo ranks, and which passes are on
+    (``ac``: AC staging in both compilations; ``bucketing``: ap-bucketing + overlap scheduling;
+    ``chunk``: the MoE model with ``layers.*.moe`` chunked in two along tokens)."""
+
     layers: int = 2
     steps: int = 4
     ranks: int = 2
@@ -34,6 +38,7 @@ class DemoOptions:
 
 
 def build_spec(opts: DemoOptions) -> TrainSpec:
+    """The one-variant training job for ``opts`` (plus the min-cut + AC measurements)."""
     kwargs: dict[str, Any] = {"enable_ac": opts.ac}
     if opts.ac:
         kwargs["ac_stage_size_gib"] = DEMO_AC_STAGE_GIB
@@ -105,52 +110,9 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
     }
 
 
-def _kb(n: int) -> str:
-    return f"{n:,} B"
-
-
-def render_table(s: dict[str, Any]) -> str:
-    o = s["options"]
-    rows: list[tuple[str, str]] = []
-    for st in s["steps"]:
-        rows.append(
-            (
-                f"step {st['step']} loss eager / compiled",
-                f"{st['loss_eager']:.6f} / {st['loss_compiled']:.6f}",
-            )
-        )
-    rows.append(("max grad rel diff (all ranks, steps)", f"{s['max_grad_rel_diff']:.2e}"))
-    labels = {
-        "first_partition": "first partition (default)",
-        "save_all": "SaveAll (backend)",
-        "min_cut_ac": "min-cut + AC",
-        "min_cut_ac_untagged": "min-cut + AC, no first compile",
-    }
-    for key, label in labels.items():
-        sv = s["saved"][key]
-        rows.append((f"saved activations: {label}", f"{sv['count']} ({_kb(sv['bytes'])})"))
-    ag = " / ".join(str(s["saved"][k]["all_gather_outputs_saved"]) for k in labels)
-    rows.append(("all-gather outputs saved (first / SaveAll / min-cut+AC / untagged)", ag))
-    rows.append(("buckets formed (fw + bw)", str(s["buckets_formed"])))
-    c = s["compile_s"]
-    rows.append(
-        ("compile time: precompile / backend", f"{c['precompile']:.2f} s / {c['backend']:.2f} s")
-    )
-    rows.append(("first step (incl. lazy backward compile)", f"{c['first_step']:.2f} s"))
-    width = max(len(k) for k, _ in rows)
-    vwidth = max(len(v) for _, v in rows)
-    head = (
-        f"ap-backend demo: {o['ranks']} ranks (gloo), {o['layers']} layers, {o['steps']} steps, "
-        f"AC {'on' if o['ac'] else 'off'}, bucketing {'on' if o['bucketing'] else 'off'}, "
-        f"chunk {'on' if o['chunk'] else 'off'}"
-    )
-    lines = [head, f"| {'quantity'.ljust(width)} | {'value'.ljust(vwidth)} |"]
-    lines.append(f"|{'-' * (width + 2)}|{'-' * (vwidth + 2)}|")
-    lines += [f"| {k.ljust(width)} | {v.ljust(vwidth)} |" for k, v in rows]
-    return "\n".join(lines)
-
-
 def run_demo(opts: DemoOptions, json_path: str | None = None) -> dict[str, Any]:
+    """Spawn ``opts.ranks`` gloo ranks, run :func:`build_spec`'s job, return :func:`summarize`'s
+    dict (also written to ``json_path`` when given)."""
     start = time.perf_counter()
     ranks = spawn_ranks(run_rank, opts.ranks, build_spec(opts))
     summary = summarize(opts, ranks, time.perf_counter() - start)

@@ -1,0 +1,176 @@
+"""Every private torch name ap-backend uses, looked up at call time and feature-detected.
+
+See :mod:`ap_tags.torch_support` for the convention all ap packages follow. Nothing here runs
+at import time: importing ``ap_backend`` on a torch that lacks one of these internals works,
+and the feature that needs it raises :class:`UnsupportedTorchError` naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from ap_tags import torch_support
+
+#: The torch versions ap-backend is tested on (the only place they are written).
+TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+
+
+class UnsupportedTorchError(torch_support.UnsupportedTorchError):
+    """A torch internal ap-backend relies on is missing from the installed torch."""
+
+
+SUPPORT = torch_support.TorchSupport("ap-backend", TESTED_TORCH, UnsupportedTorchError)
+
+_INDUCTOR_CONFIG = "torch._inductor.config"
+_FUNCTORCH_CONFIG = "torch._functorch.config"
+_COMPILE_FX = "torch._inductor.compile_fx"
+_CUSTOM_GRAPH_PASS = "torch._inductor.custom_graph_pass"
+_AOT_AUTOGRAD = "torch._functorch.aot_autograd"
+#: The logger ``TORCH_TRACE`` attaches its handler to (structured trace artifacts).
+_TRACE_LOGGER = "torch.__trace"
+
+
+# --------------------------------------------------------------------------- config scopes
+
+
+def inductor_config_patch(changes: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """``torch._inductor.config.patch(changes)``: set for the block, restored on exit."""
+    config: Any = SUPPORT.attrs(_INDUCTOR_CONFIG, ("patch",))
+    patch: contextlib.AbstractContextManager[Any] = config.patch(changes)
+    return patch
+
+
+def functorch_config_patch(changes: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """``torch._functorch.config.patch(changes)``: set for the block, restored on exit."""
+    config: Any = SUPPORT.attrs(_FUNCTORCH_CONFIG, ("patch",))
+    patch: contextlib.AbstractContextManager[Any] = config.patch(changes)
+    return patch
+
+
+# --------------------------------------------------------------------------- Inductor entry points
+
+
+def compile_fx() -> Callable[..., Any]:
+    """Inductor's ``compile_fx`` (the ``"inductor"`` backend with ``inner_compile=`` and
+    ``config_patches=`` hooks)."""
+    fn: Callable[..., Any] = SUPPORT.attr(_COMPILE_FX, "compile_fx")
+    return fn
+
+
+def compile_fx_inner() -> Callable[..., Any]:
+    """Inductor's ``compile_fx_inner``, looked up on every call (so a patched one is honoured)."""
+    fn: Callable[..., Any] = SUPPORT.attr(_COMPILE_FX, "compile_fx_inner")
+    return fn
+
+
+def inductor_partition_fn() -> Callable[..., Any]:
+    """Inductor's ``partition_fn``: its joint-graph passes, then ``custom_partitioner_fn``."""
+    fn: Callable[..., Any] = SUPPORT.attr(_COMPILE_FX, "partition_fn")
+    return fn
+
+
+def aot_autograd_backend(**kwargs: Any) -> Callable[..., Any]:
+    """``torch._dynamo.backends.common.aot_autograd(**kwargs)``: a Dynamo backend that runs
+    AOTAutograd with the given compilers and ``partition_fn``."""
+    make: Callable[..., Callable[..., Any]] = SUPPORT.attr(
+        "torch._dynamo.backends.common", "aot_autograd"
+    )
+    return make(**kwargs)
+
+
+# --------------------------------------------------------------------------- partitioners
+
+
+@functools.cache
+def custom_partitioner_type() -> type:
+    """``torch._inductor.custom_graph_pass.CustomPartitionerFn``: what Inductor accepts as
+    ``config.custom_partitioner_fn`` (it checks ``isinstance``)."""
+    cls: type = SUPPORT.attr(_CUSTOM_GRAPH_PASS, "CustomPartitionerFn")
+    return cls
+
+
+def is_custom_partitioner(value: object) -> bool:
+    return isinstance(value, custom_partitioner_type())
+
+
+def as_custom_partitioner(value: Any) -> Any:
+    """``value``, with its class registered as a virtual ``CustomPartitionerFn`` subclass.
+
+    ap-backend's own partitioner wrappers are plain classes (so importing ap-backend needs no
+    torch internal); Inductor's ``isinstance`` check passes once the class is registered with
+    the ABC, which this does on first use.
+    """
+    base: Any = custom_partitioner_type()
+    if not isinstance(value, base):
+        base.register(type(value))
+    return value
+
+
+def hash_files(paths: tuple[str, ...]) -> bytes:
+    """``get_hash_for_files(paths)``: Inductor's content hash for a partitioner's ``uuid()``."""
+    fn: Callable[[tuple[str, ...]], bytes] = SUPPORT.attr(_CUSTOM_GRAPH_PASS, "get_hash_for_files")
+    return fn(paths)
+
+
+# --------------------------------------------------------------------------- first compilation
+
+
+def joint_export_api() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(aot_export_joint_with_descriptors, aot_compile_joint_with_descriptors)``."""
+    names = ("aot_export_joint_with_descriptors", "aot_compile_joint_with_descriptors")
+    module: Any = SUPPORT.attrs(_AOT_AUTOGRAD, names)
+    return module.aot_export_joint_with_descriptors, module.aot_compile_joint_with_descriptors
+
+
+def default_partition() -> Callable[..., Any]:
+    """torch's ``default_partition`` (saves what the forward computed, recomputes nothing
+    beyond the tags)."""
+    fn: Callable[..., Any] = SUPPORT.attr("torch._functorch.partitioners", "default_partition")
+    return fn
+
+
+# --------------------------------------------------------------------------- structured trace
+
+
+def trace_structured() -> Callable[..., Any]:
+    """``torch._logging.trace_structured``: writes an artifact into ``TORCH_TRACE``."""
+    fn: Callable[..., Any] = SUPPORT.attr("torch._logging._internal", "trace_structured")
+    return fn
+
+
+def structured_tracing() -> bool:
+    """Is ``TORCH_TRACE`` structured logging on (so artifact payloads are written)?"""
+    return bool(logging.getLogger(_TRACE_LOGGER).handlers)
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def load_functional_collectives() -> None:
+    """Make ``torch.ops._c10d_functional.{all_gather_into_tensor,wait_tensor}`` usable.
+
+    Importing ``torch.distributed._functional_collectives`` registers the ops' autograd (the
+    backward of an all-gather is a reduce-scatter of the gradient). Called when a sharded model
+    is built, never inside traced code.
+    """
+    SUPPORT.module("torch.distributed._functional_collectives")
+    ns: Any = torch.ops._c10d_functional
+    for name in ("all_gather_into_tensor", "wait_tensor"):
+        try:
+            getattr(ns, name)
+        except (AttributeError, RuntimeError) as exc:
+            raise SUPPORT.missing(f"torch.ops._c10d_functional.{name}") from exc
+
+
+def all_gather_wait(shard: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    """``wait_tensor(all_gather_into_tensor(shard, world_size, group_name))``: the FSDP
+    all-gather chain, as plain op calls so Dynamo traces it into the graph (checked by
+    :func:`load_functional_collectives` beforehand)."""
+    ns: Any = torch.ops._c10d_functional
+    full: torch.Tensor = ns.wait_tensor(ns.all_gather_into_tensor(shard, world_size, group_name))
+    return full
