@@ -384,7 +384,7 @@ for value, exc in [
     (float("nan"), ValueError),
     (float("inf"), ValueError),
     (True, TypeError),
-    ("big", TypeError),
+    ("big", ValueError),
     (None, TypeError),
 ]:
     CASES.append(

@@ -9,12 +9,12 @@ raises ``ValueError``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
 import ap_epchunk
+import ap_tags
 import torch.fx
 from ap_bucketing import BucketingConfig
 from ap_tags.checks import describe, require_bool, require_instance
@@ -47,20 +47,6 @@ class BackendOptions:
     bucketing: BucketingConfig | None
     ep_chunk: ap_epchunk.ChunkConfig | None
     partitioner: PartitionerChoice
-
-
-def _check_stage_size(value: object, where: str) -> float | Literal["auto"]:
-    expected = "'auto' or a positive number of GiB"
-    if isinstance(value, str):
-        if value != "auto":
-            raise ValueError(f"{where}: ac_stage_size_gib must be {expected}, got {value!r}")
-        return "auto"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        # bool is an int to Python, never a size to us
-        raise TypeError(f"{where}: ac_stage_size_gib must be {expected}, got {describe(value)}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{where}: ac_stage_size_gib must be {expected}, got {value!r}")
-    return float(value)
 
 
 def _check_bucketing(value: object, where: str) -> BucketingConfig | None:
@@ -120,7 +106,9 @@ def validate_options(
     ``where`` names the caller in messages."""
     return BackendOptions(
         enable_ac=require_bool(enable_ac, where=where, arg="enable_ac"),
-        ac_stage_size_gib=_check_stage_size(ac_stage_size_gib, where),
+        ac_stage_size_gib=ap_tags.check_stage_size(
+            ac_stage_size_gib, where=where, arg="ac_stage_size_gib"
+        ),
         overlap_scheduling=require_bool(overlap_scheduling, where=where, arg="overlap_scheduling"),
         bucketing=_check_bucketing(bucketing, where),
         ep_chunk=_check_ep_chunk(ep_chunk, where),

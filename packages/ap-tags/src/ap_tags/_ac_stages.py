@@ -57,12 +57,14 @@ def check_stage_size(
 ) -> StageSize:
     """``"auto"`` or a positive finite number of GiB (returned as float).
 
-    Anything else of the wrong type (a bool, another string, None) is a ``TypeError``; a
-    number that is not positive and finite is a ``ValueError``.
+    A value of another type (a bool, None) is a ``TypeError``; another string, or a number that
+    is not positive and finite, is a ``ValueError``.
     """
-    if value == "auto":
-        return "auto"
     expected = "'auto' or a positive finite number of GiB"
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"{where}: {arg} must be {expected}, got {value!r}")
+        return "auto"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{where}: {arg} must be {expected}, got {checks.describe(value)}")
     if not math.isfinite(value) or value <= 0:
