@@ -152,3 +152,19 @@ def test_batch_chunking_through_flattening_views(
     for got, want, full in zip(out, eager, unchunked, strict=True):
         assert torch.equal(got, want)
         torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6)
+
+
+def test_tags_of_another_schema_are_refused_and_the_graph_untouched(setup: Any) -> None:
+    """The chunk pass reads module FQNs through ap-tags: a node stamped by another tag-schema
+    version is refused (``TagSchemaError``) before anything changes."""
+    from ap_tags import TAG_SCHEMA, TagSchemaError
+
+    _, _, _, gm, _, cfg = setup(2, symbolic=True, early=False)
+    node = next(n for n in gm.graph.nodes if (n.meta.get(CUSTOM) or {}).get(MODULE_FQN))
+    node.meta[CUSTOM] = {**node.meta[CUSTOM], TAG_SCHEMA: 999}
+    before = snapshot(gm)
+    with pytest.raises(TagSchemaError, match="tag schema 999"):
+        chunk_pass(gm, cfg)
+    assert snapshot(gm) == before
+    chunked = [n for n in gm.graph.nodes if CHUNK_INDEX in (n.meta.get(CUSTOM) or {})]
+    assert not chunked

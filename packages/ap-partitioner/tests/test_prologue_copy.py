@@ -1,8 +1,9 @@
-"""The replay's copy strategy and GC pause: cheaper, with the caller's graph still untouched.
+"""The replay's working copy, DCE without CSE, and GC pause.
 
-The prologue skips the node-by-node working copy when DCE provably has nothing to remove (CSE
-already builds a new graph); with dead code it copies first. Both paths must give the same
-partition and leave the caller's graph (nodes and metas) exactly as it was.
+The prologue copies the joint, runs DCE on the copy only when there is dead code, and never
+runs CSE (CSE would merge the retraced backward's recomputations into forward values and move
+what the backward reads). Both paths must give the same partition and leave the caller's graph
+(nodes and metas) exactly as it was.
 """
 
 from __future__ import annotations
@@ -64,13 +65,30 @@ def test_dce_noop_check(simple: Simple) -> None:
     assert not dce_would_remove_nothing(gm.graph)
 
 
-def test_copy_free_path_returns_a_new_graph_and_leaves_metas_alone(simple: Simple) -> None:
+def test_normalized_copy_is_a_new_graph_and_leaves_metas_alone(simple: Simple) -> None:
     gm = simple(ap_tags.mark_must_save)
     before = _state(gm)
-    out = normalized_copy(gm, 1)
+    out = normalized_copy(gm)
     assert out is not gm and out.graph is not gm.graph
     assert not set(out.graph.nodes) & set(gm.graph.nodes)
-    assert _state(gm) == before  # CSE's mutation_region_id stamp was put back
+    assert _state(gm) == before
+
+
+def test_no_cse_identical_forward_and_backward_values_stay_apart(joint: Any) -> None:
+    """The backward recomputes ``sin(x)`` as the first partition decided; CSE would merge it
+    into the forward's identical ``sin`` and make the backward read that instead."""
+    j = joint()
+    x = j.input("primals_1", 4)
+    t = j.input("tangents_1", 4)
+    fwd = j.op(aten.sin.default, x, name="sin_fwd")
+    out = j.op(aten.mul.Tensor, fwd, fwd, name="out")
+    again = j.op(aten.sin.default, x, name="sin_bwd")
+    again.meta["autograd_backward"] = True
+    grad = j.op(aten.mul.Tensor, again, t, name="grad")
+    grad.meta["autograd_backward"] = True
+    gm = j.module(out, grad)
+    names = {n.name for n in normalized_copy(gm).graph.nodes}
+    assert {"sin_fwd", "sin_bwd"} <= names
 
 
 def test_dead_code_path_copies_and_both_paths_partition_alike(simple: Simple) -> None:

@@ -431,7 +431,7 @@ def test_effectful_op_tagged_must_recompute_is_saved_instead_of_raising(joint: B
     out = j.op(operator.getitem, we, 1, name="getitem_1")
     grad = j.op(aten.mul.Tensor, out, t, name="mul")
     gm = j.module(new_token, out, grad)
-    pro = run_prologue(gm, 2)
+    pro = run_prologue(gm)
     assert pro.effectful_retagged == ("with_effects",)
     nodes = {n.name: n for n in pro.module.graph.nodes}
     assert nodes["with_effects"].meta["recompute"] is MUST_SAVE
@@ -474,3 +474,18 @@ def test_fallback_drops_the_unsatisfiable_recompute_tag_for_min_cut(simple: Simp
 def test_is_all_gather_output_is_the_shared_vocabulary() -> None:
     """One definition: the re-export is ap-tags' predicate itself, not a local copy."""
     assert ap_partitioner.is_all_gather_output is ap_tags.graph.is_all_gather_output
+
+
+def test_tags_of_another_schema_raise_even_without_strict(simple: Any) -> None:
+    """A tag-schema mismatch is a setup error (two ap-tags versions): falling back would hide
+    it, and reading the keys would guess their meaning. The caller's graph is untouched."""
+    from ap_testing.graphs import snapshot
+
+    def stamp(node: fx.Node) -> None:
+        node.meta["custom"] = {"ap_must_save": True, ap_tags.TAG_SCHEMA: 999}
+
+    gm = simple(stamp)
+    before = snapshot(gm)
+    with pytest.raises(ap_tags.TagSchemaError, match="tag schema 999"):
+        SaveAllPartitioner()(gm, [], num_fwd_outputs=1)
+    assert snapshot(gm) == before

@@ -11,6 +11,8 @@ from ap_tags import (
     MODULE_FQN,
     MUST_SAVE,
     MUST_SAVE_INDICES,
+    TAG_SCHEMA,
+    TAG_SCHEMA_VERSION,
     TagError,
     ac_graph_id,
     is_must_save,
@@ -46,7 +48,7 @@ def test_mark_must_save_plain() -> None:
     assert not is_must_save(n)
     assert must_save_indices(n) == ()
     mark_must_save(n)
-    assert n.meta["custom"] == {MUST_SAVE: True}
+    assert n.meta["custom"] == {MUST_SAVE: True, TAG_SCHEMA: TAG_SCHEMA_VERSION}
     assert is_must_save(n)
     assert must_save_indices(n) == ()
 
@@ -57,7 +59,12 @@ def test_mark_must_save_index_unique_in_order_and_marks_parent() -> None:
     mark_must_save(n, 2)
     mark_must_save(n, 0)
     mark_must_save(n, 2)
-    assert n.meta["custom"] == {"other": 1, MUST_SAVE: True, MUST_SAVE_INDICES: [2, 0]}
+    assert n.meta["custom"] == {
+        "other": 1,
+        MUST_SAVE: True,
+        MUST_SAVE_INDICES: [2, 0],
+        TAG_SCHEMA: TAG_SCHEMA_VERSION,
+    }
     assert must_save_indices(n) == (2, 0)
     assert is_must_save(n)
 

@@ -10,6 +10,8 @@ import torch
 from ap_tags import (
     MUST_SAVE,
     MUST_SAVE_INDICES,
+    TAG_SCHEMA,
+    TAG_SCHEMA_VERSION,
     TagError,
     infer_num_fwd_outputs,
     is_must_save,
@@ -115,5 +117,13 @@ def test_existing_custom_entries_are_kept(build: Any) -> None:
     gm, n = _fw_graph(build)
     n["relu"].meta["custom"] = {"module_fqn": "layers.0"}
     tag_saved_outputs(gm, num_fwd_outputs=1)
-    assert n["relu"].meta["custom"] == {"module_fqn": "layers.0", MUST_SAVE: True}
-    assert n["split"].meta["custom"] == {MUST_SAVE: True, MUST_SAVE_INDICES: [1, 0]}
+    assert n["relu"].meta["custom"] == {
+        "module_fqn": "layers.0",
+        MUST_SAVE: True,
+        TAG_SCHEMA: TAG_SCHEMA_VERSION,
+    }
+    assert n["split"].meta["custom"] == {
+        MUST_SAVE: True,
+        MUST_SAVE_INDICES: [1, 0],
+        TAG_SCHEMA: TAG_SCHEMA_VERSION,
+    }

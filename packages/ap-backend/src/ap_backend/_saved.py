@@ -1,11 +1,11 @@
 """What a partition saved for backward, measured the same way for every partitioner.
 
 The first compilation runs torch's ``default_partition`` (no ap-partitioner report exists for
-it), so ap-backend measures its forward graph itself: the forward outputs beyond
-``num_fwd_outputs`` that are computed values (primals are parameters/inputs, not activations).
-Saved values are counted and sized by storage (``ap_tags.graph.storage_base``), and a saved
-value whose storage is an all-gather's result (``ap_tags.graph.is_all_gather_output``) keeps a
-full unsharded weight alive until backward -- the leak the FSDP recompute tags exist to prevent.
+it), so ap-backend measures its forward graph itself, with the one definition of "saved" every
+report shares (``ap_tags.graph.activation_storages``): the distinct storages of the values the
+forward hands the backward, graph inputs excluded. A saved storage that is an all-gather's result
+(``ap_tags.graph.is_all_gather_output``) keeps a full unsharded weight alive until backward --
+the leak the FSDP recompute tags exist to prevent.
 """
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx
-from ap_tags.graph import is_all_gather_output, node_nbytes, storage_base
+from ap_tags.graph import (
+    activation_storages,
+    is_all_gather_output,
+    saved_for_backward,
+    storage_nbytes,
+)
 
 __all__ = ["SavedSummary", "summarize_forward_saves"]
 
@@ -49,27 +54,17 @@ class SavedSummary:
 
 
 def summarize_forward_saves(fw_module: torch.fx.GraphModule, num_fwd_outputs: int) -> SavedSummary:
-    """Summarise the saved activations of a partitioned forward graph."""
-    outputs = fw_module.graph.output_node().args[0]
-    assert isinstance(outputs, tuple | list)
-    saved = [
-        n
-        for n in outputs[num_fwd_outputs:]
-        if isinstance(n, torch.fx.Node)
-        and n.op == "call_function"
-        and isinstance(n.meta.get("val"), torch.Tensor)
-    ]
-    bases = list(dict.fromkeys(storage_base(n) for n in saved))
-    # A view of a primal (e.g. the reshaped targets) keeps an input alive, not an activation.
-    bases = [
-        b for b in bases if b.op != "placeholder" and isinstance(b.meta.get("val"), torch.Tensor)
-    ]
+    """Summarise the saved activations of a partitioned forward graph, with ap-tags' one
+    definition of "saved" (``saved_for_backward`` + ``activation_storages``), the same one
+    ap-partitioner's ``PartitionReport`` uses."""
+    saved = saved_for_backward(fw_module, num_fwd_outputs)
+    bases = activation_storages(saved)
     return SavedSummary(
-        names=tuple(n.name for n in saved),
+        names=tuple(n.name for n in saved if isinstance(n.meta.get("val"), torch.Tensor)),
         bases=tuple(b.name for b in bases),
         signatures=tuple(sorted(_signature(b) for b in bases)),
-        nbytes=sum(node_nbytes(b) for b in bases),
-        all_gather_outputs=tuple(n.name for n in saved if is_all_gather_output(n)),
+        nbytes=storage_nbytes(bases),
+        all_gather_outputs=tuple(b.name for b in bases if is_all_gather_output(b)),
     )
 
 

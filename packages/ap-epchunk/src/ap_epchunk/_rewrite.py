@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 import torch.fx
-from ap_tags import CHUNK_GLUE, CHUNK_INDEX, CHUNK_REGION, CUSTOM, MODULE_FQN
+from ap_tags import (
+    CHUNK_GLUE,
+    CHUNK_INDEX,
+    CHUNK_REGION,
+    CUSTOM,
+    MODULE_FQN,
+    TAG_SCHEMA,
+    TAG_SCHEMA_VERSION,
+)
 
 from ._config import ChunkReport, RegionSummary
 from ._plan import Materialize, Plan, RegionPlan, is_mutating
@@ -63,7 +71,12 @@ class Rewriter:
 
     # ------------------------------------------------------------------ metadata helpers
     def _glue_meta(self, rp: RegionPlan, val: Any, index: int | None = None) -> dict[str, Any]:
-        custom: dict[str, Any] = {MODULE_FQN: rp.root, CHUNK_GLUE: True, CHUNK_REGION: rp.root}
+        custom: dict[str, Any] = {
+            MODULE_FQN: rp.root,
+            CHUNK_GLUE: True,
+            CHUNK_REGION: rp.root,
+            TAG_SCHEMA: TAG_SCHEMA_VERSION,
+        }
         if index is not None:
             custom[CHUNK_INDEX] = index
         meta: dict[str, Any] = {CUSTOM: custom, "val": val}
@@ -96,6 +109,7 @@ class Rewriter:
         custom.setdefault(MODULE_FQN, self.fqns.get(node, rp.root))
         custom[CHUNK_INDEX] = index
         custom[CHUNK_REGION] = rp.root
+        custom[TAG_SCHEMA] = TAG_SCHEMA_VERSION
         meta[CUSTOM] = custom
         meta["val"] = self.chunk_vals[node]
         meta.pop("tensor_meta", None)
@@ -230,7 +244,7 @@ class Rewriter:
             replay._rename(f"{self.orig[p][3]}_full")
             meta = dict(self.orig[p][2])
             custom = dict(meta.get(CUSTOM) or {})
-            custom.update({CHUNK_GLUE: True, CHUNK_REGION: rp.root})
+            custom.update({CHUNK_GLUE: True, CHUNK_REGION: rp.root, TAG_SCHEMA: TAG_SCHEMA_VERSION})
             custom.setdefault(MODULE_FQN, self.fqns.get(p, rp.root))
             meta[CUSTOM] = custom
             meta.pop("tensor_meta", None)

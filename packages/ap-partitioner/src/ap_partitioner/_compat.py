@@ -3,7 +3,7 @@
 See :mod:`ap_tags.torch_support` for the convention all ap packages follow. A torch release that
 moves one of these internals fails with this package's :class:`UnsupportedTorchError` naming the
 internal and the tested torch versions, instead of an ``AttributeError`` deep inside a compile.
-Version differences (2.14's ``fx_graph_cse`` key, 2.15's ``wait_tensors``, 2.14's
+Version differences (2.15's ``wait_tensors``, 2.14's
 ``is_rng_op``) are decided by feature detection, never by version strings.
 
 The one exception to "looked up at call time" is :data:`CustomPartitionerFn`, the base class of
@@ -12,8 +12,6 @@ the partitioners, which is needed when their classes are defined.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -51,7 +49,6 @@ _PARTITIONER_NAMES = (
     "force_save_collectives",
     "force_save_effectful_ops",
     "functionalize_rng_ops",
-    "fx_graph_cse",
     "has_recomputable_ops",
     "has_recomputable_rng_ops",
     "is_opaque_node",
@@ -108,41 +105,9 @@ def partitioners() -> ModuleType:
 
 
 def functorch_config() -> Any:
-    """``torch._functorch.config``: ``cse`` and ``unsafe_allow_optimization_of_collectives``
-    decide what torch's min-cut prologue does, so the replay's prologue reads them too."""
+    """``torch._functorch.config``: ``unsafe_allow_optimization_of_collectives`` decides
+    whether torch's prologue pins collectives, so the replay's prologue reads it too."""
     return SUPPORT.module("torch._functorch.config")
-
-
-@functools.cache
-def _cse_takes_node_key() -> bool:
-    """2.14 added ``extra_node_key`` to ``fx_graph_cse``; 2.13 takes the graph only."""
-    fx_graph_cse = SUPPORT.attr("torch._functorch.compile_utils", "fx_graph_cse")
-    return "extra_node_key" in inspect.signature(fx_graph_cse).parameters
-
-
-def joint_graph_cse(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.Graph:
-    """CSE the joint graph exactly as this torch's min-cut prologue does.
-
-    From 2.14 min-cut keys CSE on "is this node a backward dependency" so a forward-only value is
-    never merged with one the backward needs (which would turn it into an extra saved output);
-    2.13 has no such key and merges everything.
-    """
-    mod = partitioners()
-    graph = joint_module.graph
-    if not _cse_takes_node_key():
-        return mod.fx_graph_cse(graph)  # type: ignore[no-any-return]
-    _, bwd_outputs, _, _ = mod._extract_fwd_bwd_outputs(
-        joint_module, num_fwd_outputs=num_fwd_outputs
-    )
-    deps: set[fx.Node] = set()
-    stack = [o for o in bwd_outputs if isinstance(o, fx.Node) and o.op != "output"]
-    while stack:
-        node = stack.pop()
-        if node in deps:
-            continue
-        deps.add(node)
-        stack.extend(node.all_input_nodes)
-    return mod.fx_graph_cse(graph, extra_node_key=deps.__contains__)  # type: ignore[no-any-return]
 
 
 def is_with_effects(node: fx.Node) -> bool:

@@ -128,7 +128,7 @@ class SaveAllPartitioner(_ReportingPartitioner):
 
     Options: ``strict`` raises :class:`ReplayError` instead of falling back to min-cut on an
     invalid replay (and lets ``ap_tags.TagError`` through on malformed tags, which otherwise
-    also fall back); ``on_report`` receives a :class:`PartitionReport` per call;
+    also fall back; tags of another tag-schema version always raise ``ap_tags.TagSchemaError``); ``on_report`` receives a :class:`PartitionReport` per call;
     ``dce_unused_waits`` wraps the partition in :func:`wait_tensor_dce` so an unused wait (and
     the cast parameter feeding its all-gather) is not handed to the backward.
     """
@@ -165,15 +165,15 @@ class SaveAllPartitioner(_ReportingPartitioner):
         mod = _compat.partitioners()
         gm, num_fwd_outputs = call.gm, call.num_fwd_outputs
         try:
-            ap_tags.validate_tags(gm.graph)
+            ap_tags.validate_tags(gm.graph, retraced=True)
         except ap_tags.TagError as exc:
-            if self.strict:
-                raise
+            if self.strict or isinstance(exc, ap_tags.TagSchemaError):
+                raise  # a schema mismatch is a setup error: never guess what old keys meant
             clean = working_copy(gm)
             sanitize_tags(clean, exc.problems)
             return self._fallback(clean, call, f"malformed tags: {exc}", [], ())
         # the replay works on a copy: a refusal leaves the caller's graph exactly as it was
-        pro = run_prologue(gm, num_fwd_outputs)
+        pro = run_prologue(gm)
         notes = tuple(
             f"effectful op saved instead of recomputed: {n}" for n in pro.effectful_retagged
         )
@@ -188,7 +188,11 @@ class SaveAllPartitioner(_ReportingPartitioner):
             )
             note = "no backward nodes: delegated to default_partition"
             return fw, bw, {"partitioner": "default", "notes": (*notes, note)}
-        plan = plan_saves([*info.required_fw_nodes, *info.unclaimed_nodes])
+        replayed = ap_tags.replayed_saves(pro.module.graph)
+        notes = (*notes, *replayed.notes())
+        plan = plan_saves(
+            [*info.required_fw_nodes, *info.unclaimed_nodes], replayed=replayed.values
+        )
         missing = missing_values(pro.module, plan, num_fwd_outputs)
         if missing:
             reason = self._missing_reason(pro.module, missing)

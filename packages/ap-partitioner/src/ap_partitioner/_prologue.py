@@ -1,11 +1,19 @@
-"""torch's standard partitioner prologue, as ``min_cut_rematerialization_partition`` runs it.
+"""torch's standard partitioner prologue, as ``min_cut_rematerialization_partition`` runs it,
+minus CSE.
 
-Kept line for line with min-cut so the replay sees the same normalized graph min-cut would:
-DCE, CSE (with 2.14+'s backward-dependency key), ``cleanup_recompute_tags``,
+The replay sees the graph min-cut would, normalized the same way: DCE, ``cleanup_recompute_tags``,
 ``force_save_collectives`` (2.13/2.14 tag the collective, 2.15 its leaf outputs: both are
 honoured by the MUST_SAVE rules), ``force_save_effectful_ops`` and ``force_save_bw_mutation_src``.
 Their MUST_SAVE tags matter: collectives must not be silently re-run, effects must not repeat,
 and a value the backward mutates must not be recomputed from its mutated state.
+
+Why no CSE: the retraced backward is the first compilation's backward, recomputations
+included, and what it reads from the forward is exactly what the first partition saved
+(``ap_tags.replayed_saves``). CSE would merge those backward recomputations into identical
+forward values (a layer norm's normalized input, a bf16 ``silu``'s fp32 upcast), moving what the
+backward reads onto values the first partition never saved -- and then either saving more or
+recomputing a matmul in the backward. min-cut wants that freedom; a replay must not have it.
+Inductor still CSEs each of the forward and backward graphs when it lowers them.
 
 One deliberate deviation: an effectful (``with_effects``) forward op tagged for recomputation
 cannot be recomputed (its token chain is fixed before partitioning). 2.15 raises on an explicit
@@ -17,8 +25,6 @@ re-tags it MUST_SAVE first, names it in the report and logs a warning, on every 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch.fx as fx
@@ -80,47 +86,20 @@ def dce_would_remove_nothing(graph: fx.Graph) -> bool:
     return True
 
 
-@contextmanager
-def _meta_key_restored(graph: fx.Graph, key: str) -> Iterator[None]:
-    """Put ``meta[key]`` of every node back as it was (torch's CSE stamps
-    ``mutation_region_id`` on the graph it reads)."""
-    missing = object()
-    before = [(node, node.meta.get(key, missing)) for node in graph.nodes]
-    try:
-        yield
-    finally:
-        for node, value in before:
-            if value is missing:
-                node.meta.pop(key, None)
-            else:
-                node.meta[key] = value
-
-
-def normalized_copy(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
-    """min-cut's DCE + CSE, applied to a copy: ``joint_module`` is left exactly as it was.
-
-    CSE already builds a new graph (node metas shallow-copied), so when DCE provably removes
-    nothing that graph *is* the copy, and the node-by-node working copy (a full extra graph
-    copy) is skipped. Otherwise DCE runs on a working copy first, as before.
-    """
-    cse = bool(_compat.functorch_config().cse)
-    if cse and dce_would_remove_nothing(joint_module.graph):
-        with _meta_key_restored(joint_module.graph, "mutation_region_id"):
-            graph = _compat.joint_graph_cse(joint_module, num_fwd_outputs)
-        name = joint_module.__class__.__name__
-        return _compat.deferred_codegen_module(joint_module, graph, name)
+def normalized_copy(joint_module: fx.GraphModule) -> fx.GraphModule:
+    """A working copy of ``joint_module`` with dead code eliminated (no CSE: see the module
+    doc); ``joint_module`` is left exactly as it was. DCE runs only when it has work."""
     copy = working_copy(joint_module)
-    copy.graph.eliminate_dead_code()
-    copy.recompile()
-    if cse:
-        copy.graph = _compat.joint_graph_cse(copy, num_fwd_outputs)
+    if not dce_would_remove_nothing(copy.graph):
+        copy.graph.eliminate_dead_code()
+        copy.recompile()
     return copy
 
 
-def run_prologue(joint_module: fx.GraphModule, num_fwd_outputs: int) -> Prologue:
+def run_prologue(joint_module: fx.GraphModule) -> Prologue:
     """Normalize a copy of ``joint_module`` (the caller's graph is not touched)."""
     mod = _compat.partitioners()
-    joint_module = normalized_copy(joint_module, num_fwd_outputs)
+    joint_module = normalized_copy(joint_module)
     has_recompute = bool(mod.has_recomputable_ops(joint_module))
     has_rng = bool(mod.has_recomputable_rng_ops(joint_module))
     if has_recompute:

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
-from ap_tags.graph import is_all_gather, is_all_gather_output, is_collective, node_nbytes
+from ap_tags.graph import (
+    activation_storages,
+    is_all_gather,
+    is_all_gather_output,
+    is_collective,
+    saved_for_backward,
+    storage_base,
+    storage_nbytes,
+)
 
 from ap_partitioner import _compat
 
@@ -31,12 +39,14 @@ class PartitionReport:
     """One partition's outcome.
 
     ``saved_names``: every value the forward hands the backward (tensors, syms, opaques), in
-    forward-output order. "Activations" are the saved tensors that are not graph inputs (saved
-    primals cost nothing extra: the caller holds them anyway). All-gather outputs are saved
-    activations whose storage is an all-gather's result (``ap_tags.graph.is_all_gather_output``:
-    the all-gather, its wait, or any view of those): keeping one alive means keeping an
-    unsharded weight alive. Bytes are each saved tensor's own bytes
-    (``ap_tags.graph.node_nbytes``: symbolic sizes by their hints, 0 when a size has no hint).
+    forward-output order. "Activations" follow ap-tags' one definition of saved
+    (``ap_tags.graph.activation_storages``), the same the first compilation's and the backend's
+    summaries use: the distinct *storages* the saved tensors keep alive, graph inputs excluded
+    (saved primals cost nothing extra: the caller holds them anyway; a view of a saved tensor
+    costs nothing extra either). ``saved_input_count`` counts the saved tensors whose storage is
+    a graph input. All-gather outputs are activation storages that are an all-gather's result
+    (``ap_tags.graph.is_all_gather_output``): keeping one alive means keeping an unsharded weight
+    alive. Bytes are storage bytes (symbolic sizes by their hints, 0 when a size has no hint).
     ``backward_collectives`` counts communicating ``_c10d_functional`` ops (waits excluded) the
     backward runs, i.e. collectives re-run there.
     """
@@ -63,11 +73,6 @@ class PartitionReport:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
-def _saved_outputs(fw_module: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
-    out = fw_module.graph.find_nodes(op="output")[0]
-    return [n for n in out.args[0][num_fwd_outputs:] if isinstance(n, fx.Node)]
-
-
 def _count_collectives(bw_module: fx.GraphModule) -> tuple[int, int]:
     colls = [n for n in bw_module.graph.nodes if is_collective(n)]
     return len(colls), sum(1 for n in colls if is_all_gather(n))
@@ -86,23 +91,23 @@ def build_report(
     ``fallback_reason``, ``missing_values``, ``notes``); an unknown field is a ``TypeError``.
     """
     mod = _compat.partitioners()
-    saved = _saved_outputs(fw_module, num_fwd_outputs)
+    saved = saved_for_backward(fw_module, num_fwd_outputs)
     syms = [n for n in saved if mod.is_sym_node(n)]
     opaques = [n for n in saved if not mod.is_sym_node(n) and mod.is_opaque_node(n)]
     not_tensors = {*syms, *opaques}  # a set: saved lists run to hundreds of values
     tensors = [n for n in saved if n not in not_tensors]
-    inputs = [n for n in tensors if n.op == "placeholder"]
-    acts = [n for n in tensors if n.op != "placeholder"]
+    inputs = [n for n in tensors if storage_base(n).op == "placeholder"]
+    acts = activation_storages(tensors)
     gathered = [n for n in acts if is_all_gather_output(n)]
     n_coll, n_ag = _count_collectives(bw_module)
     return PartitionReport(
         partitioner=partitioner,
         saved_names=tuple(n.name for n in saved),
         saved_activation_count=len(acts),
-        saved_activation_bytes=sum(node_nbytes(n) for n in acts),
+        saved_activation_bytes=storage_nbytes(acts),
         saved_input_count=len(inputs),
         saved_all_gather_count=len(gathered),
-        saved_all_gather_bytes=sum(node_nbytes(n) for n in gathered),
+        saved_all_gather_bytes=storage_nbytes(gathered),
         saved_all_gather_names=tuple(n.name for n in gathered),
         sym_count=len(syms),
         opaque_count=len(opaques),

@@ -7,14 +7,15 @@ Rules, first match wins (``docs/architecture.md``, "Save rules"):
 2. Sym nodes are saved (except SymBools that only feed ``_assert_scalar``): they are cheap and
    the backward's shapes may need them.
 3. A multi-output op is never saved itself; its ``getitem`` children are: all of them when the
-   parent is ``MUST_SAVE``, otherwise the ones listed in ``ap_must_save_getitem_indices``. A
-   getitem child's own ``ap_must_save`` is ignored: ap-tags never writes it there, so it can
-   only be the parent's tag inherited through retracing, and honouring it would defeat the
-   index list.
+   parent is ``MUST_SAVE``, otherwise the ones the replay resolves as saved (rule 6).
 4. Opaque values (process groups, script objects) are saved: they cannot be recomputed.
 5. Placeholders are saved; extraction prunes the ones the backward does not read. The backward
    needs them to recompute FSDP chains from the sharded parameter.
-6. ``ap_must_save`` or ``MUST_SAVE`` is saved.
+6. ``MUST_SAVE`` is saved, and so is every value ``ap_tags.replayed_saves`` resolves as the
+   first partition's: a *forward* node carrying a save tag (its own or its multi-output
+   parent's) that a backward node reads. Tags inherited by backward nodes, by the interior of
+   an op the retrace decomposed, or recorded as getitem indices of an op that no longer exists
+   are not acted on (see ``ap_tags._replay``).
 7. Anything else is recomputed in the backward if needed.
 
 PREFER_RECOMPUTE is deliberately ignored: a second-compile AC pass may only *add* saves (via
@@ -23,7 +24,7 @@ MUST_SAVE), never override what the first compilation saved.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 
 import ap_tags
@@ -50,38 +51,21 @@ def is_policy_must_save(node: fx.Node) -> bool:
     return policy(node) is CheckpointPolicy.MUST_SAVE
 
 
-def has_replay_tag(node: fx.Node) -> bool:
-    """``custom["ap_must_save"]``: the first compilation saved this node's value."""
-    return ap_tags.is_must_save(node)
-
-
-def replay_indices(node: fx.Node) -> frozenset[int] | None:
-    """The getitem indices the first compilation saved of a multi-output ``node``; None (all
-    of them) when the parent carries no list."""
-    indices = ap_tags.must_save_indices(node)
-    return frozenset(indices) if indices else None
-
-
 def is_getitem_child(node: fx.Node) -> bool:
     """A getitem projecting one output of a multi-output node."""
     return is_getitem(node) and isinstance(node.args[0], fx.Node) and is_multi_output(node.args[0])
 
 
-def _selected_children(parent: fx.Node) -> list[fx.Node]:
+def _selected_children(parent: fx.Node, replayed: Set[fx.Node]) -> list[fx.Node]:
     """Rule 3: the getitem children of a multi-output ``parent`` the replay saves."""
-    if is_policy_must_save(parent):
-        indices: frozenset[int] | None = None
-    elif has_replay_tag(parent):
-        indices = replay_indices(parent)
-    else:
-        return []
+    everything = is_policy_must_save(parent)
     return [
         user
         for user in parent.users
         if is_getitem(user)
         and not is_must_recompute(user)
         and not is_multi_output(user)
-        and (indices is None or user.args[1] in indices)
+        and (everything or user in replayed)
     ]
 
 
@@ -106,8 +90,9 @@ class SavePlan:
         return [*self.values, *self.sym_nodes, *self.opaque_nodes]
 
 
-def apply_rule(node: fx.Node, plan: SavePlan) -> None:
-    """Apply the first matching save rule for ``node`` to ``plan``."""
+def apply_rule(node: fx.Node, plan: SavePlan, replayed: Set[fx.Node]) -> None:
+    """Apply the first matching save rule for ``node`` to ``plan``; ``replayed`` holds the
+    values ``ap_tags.replayed_saves`` resolved on the node's graph."""
     mod = _compat.partitioners()
     if is_must_recompute(node):
         return
@@ -116,7 +101,7 @@ def apply_rule(node: fx.Node, plan: SavePlan) -> None:
             plan.sym_nodes.append(node)
         return
     if is_multi_output(node):
-        plan.values.extend(_selected_children(node))
+        plan.values.extend(_selected_children(node, replayed))
         return
     if mod.is_opaque_node(node):
         plan.opaque_nodes.append(node)
@@ -128,15 +113,28 @@ def apply_rule(node: fx.Node, plan: SavePlan) -> None:
         if is_policy_must_save(node):
             plan.values.append(node)
         return
-    if has_replay_tag(node) or is_policy_must_save(node):
+    if node in replayed or is_policy_must_save(node):
         plan.values.append(node)
 
 
-def plan_saves(candidates: Iterable[fx.Node]) -> SavePlan:
-    """Apply the rules to every candidate (forward-required, then unclaimed nodes), deduped."""
+def plan_saves(
+    candidates: Iterable[fx.Node], *, replayed: Iterable[fx.Node] | None = None
+) -> SavePlan:
+    """Apply the rules to every candidate (forward-required, then unclaimed nodes), deduped.
+
+    ``replayed``: the values resolved as the first partition's saves; by default
+    ``ap_tags.replayed_saves`` of the candidates' graph.
+    """
+    nodes = require_nodes(candidates, where="plan_saves", arg="candidates")
+    if replayed is None:
+        resolved: Set[fx.Node] = (
+            set(ap_tags.replayed_saves(nodes[0].graph).values) if nodes else set()
+        )
+    else:
+        resolved = set(require_nodes(replayed, where="plan_saves", arg="replayed"))
     plan = SavePlan()
-    for node in require_nodes(candidates, where="plan_saves", arg="candidates"):
+    for node in nodes:
         if node.op == "output":
             continue
-        apply_rule(node, plan)
+        apply_rule(node, plan, resolved)
     return plan.deduplicated()

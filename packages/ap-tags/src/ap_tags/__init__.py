@@ -38,7 +38,7 @@ from ._accessors import (
 )
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._compiler import InterpretedGraph, preserve_meta_compiler
-from ._errors import TagError
+from ._errors import TagError, TagSchemaError
 from ._fsdp import FsdpChain, FsdpTagReport, mark_fsdp_all_gather_recomputation
 from ._keys import (
     AC_GRAPH_ID,
@@ -52,9 +52,12 @@ from ._keys import (
     MUST_SAVE_INDICES,
     PROJECT_CUSTOM_KEYS,
     RECOMPUTE,
+    TAG_SCHEMA,
+    TAG_SCHEMA_VERSION,
 )
 from ._module_fqns import annotate_module_fqns
 from ._recomputed import release_recomputed_saves
+from ._replay import ReplayedSaves, replayed_saves
 from ._saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
 from ._validate import node_tag_problems, validate_tags
 
@@ -72,6 +75,8 @@ __all__ = [
     "MUST_SAVE_INDICES",
     "PROJECT_CUSTOM_KEYS",
     "RECOMPUTE",
+    "TAG_SCHEMA",
+    "TAG_SCHEMA_VERSION",
     "TESTED_TORCH",
     "AcJointPass",
     "AcStageReport",
@@ -79,7 +84,9 @@ __all__ = [
     "FsdpTagReport",
     "InterpretedGraph",
     "SavedOutputsReport",
+    "ReplayedSaves",
     "TagError",
+    "TagSchemaError",
     "UnsupportedTorchError",
     "__version__",
     "ac_graph_id",
@@ -102,6 +109,7 @@ __all__ = [
     "preserve_meta_compiler",
     "recompute_policy",
     "release_recomputed_saves",
+    "replayed_saves",
     "set_recompute",
     "tag_saved_outputs",
     "validate_tags",

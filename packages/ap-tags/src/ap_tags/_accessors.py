@@ -13,7 +13,7 @@ from typing import Any
 import torch.fx
 
 from ._compat import checkpoint_policy
-from ._errors import TagError
+from ._errors import TagError, TagSchemaError
 from ._keys import (
     AC_GRAPH_ID,
     CUSTOM,
@@ -22,6 +22,8 @@ from ._keys import (
     MUST_SAVE,
     MUST_SAVE_INDICES,
     RECOMPUTE,
+    TAG_SCHEMA,
+    TAG_SCHEMA_VERSION,
 )
 from .checks import require_node
 
@@ -31,8 +33,24 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def schema_problem(custom: dict[str, Any]) -> str | None:
+    """Why ``custom``'s project keys cannot be read by this ap-tags, or None.
+
+    Keys without a schema stamp (hand-written tags) are read as this schema; a stamp of another
+    version is refused.
+    """
+    version = custom.get(TAG_SCHEMA, TAG_SCHEMA_VERSION)
+    if version == TAG_SCHEMA_VERSION and not isinstance(version, bool):
+        return None
+    return (
+        f"tags written with ap-tags tag schema {version!r}; this ap-tags reads schema "
+        f"{TAG_SCHEMA_VERSION} (install the same ap-tags for both compilations)"
+    )
+
+
 def custom_meta(node: torch.fx.Node, *, create: bool = False) -> dict[str, Any] | None:
-    """``node.meta["custom"]`` (created when ``create``); TagError if it is not a dict."""
+    """``node.meta["custom"]`` (created when ``create``); ``TagError`` if it is not a dict,
+    ``TagSchemaError`` if another tag-schema version wrote it."""
     require_node(node, where="custom_meta")
     custom = node.meta.get(CUSTOM)
     if custom is None:
@@ -42,6 +60,9 @@ def custom_meta(node: torch.fx.Node, *, create: bool = False) -> dict[str, Any] 
         node.meta[CUSTOM] = custom
     if not isinstance(custom, dict):
         raise TagError({node.name: [f"meta[{CUSTOM!r}] is {type(custom).__name__}, not dict"]})
+    problem = schema_problem(custom)
+    if problem is not None:
+        raise TagSchemaError({node.name: [problem]})
     return custom
 
 
@@ -68,6 +89,7 @@ def mark_must_save(node: torch.fx.Node, index: int | None = None) -> None:
             indices.append(index)
         custom[MUST_SAVE_INDICES] = indices
     custom[MUST_SAVE] = True
+    custom[TAG_SCHEMA] = TAG_SCHEMA_VERSION
 
 
 def is_must_save(node: torch.fx.Node) -> bool:

@@ -19,3 +19,11 @@ class TagError(ValueError):
         super().__init__(
             f"malformed ap tags on {count} node{'s' if count != 1 else ''}:\n" + "\n".join(lines)
         )
+
+
+class TagSchemaError(TagError):
+    """Tags were written by an ap-tags with another tag-schema version.
+
+    Raised, never worked around: reading keys whose meaning changed would silently change what
+    a partitioner saves. Install matching ap-tags versions in the first and second compilation.
+    """

@@ -34,8 +34,15 @@ CHUNK_REGION: Final = "ap_chunk_region"
 #: ``custom`` key: True on the nodes ap-epchunk inserted to split or merge chunks.
 CHUNK_GLUE: Final = "ap_chunk_glue"
 
+#: ``custom`` key: the tag-schema version of the ap-tags that wrote the node's project keys.
+TAG_SCHEMA: Final = "ap_tags_schema"
+#: The tag schema this ap-tags writes and reads. It changes whenever a key's meaning changes,
+#: so tags written by one ap-tags are never silently misread by another.
+TAG_SCHEMA_VERSION: Final = 1
+
 #: Every ``custom`` key the project owns; ``validate_tags`` checks these.
 PROJECT_CUSTOM_KEYS: Final = (
+    TAG_SCHEMA,
     MUST_SAVE,
     MUST_SAVE_INDICES,
     MODULE_FQN,

@@ -35,7 +35,7 @@ import torch.fx.traceback as fx_traceback
 import torch.nn as nn
 
 from ._compat import require_fx_traceback
-from ._keys import MODULE_FQN
+from ._keys import MODULE_FQN, TAG_SCHEMA, TAG_SCHEMA_VERSION
 from .checks import require_instance
 
 _MISSING = object()
@@ -49,7 +49,7 @@ def _has_own_forward(module: nn.Module) -> bool:
 def _annotated(fqn: str, forward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(forward)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with fx_traceback.annotate({MODULE_FQN: fqn}):
+        with fx_traceback.annotate({MODULE_FQN: fqn, TAG_SCHEMA: TAG_SCHEMA_VERSION}):
             return forward(*args, **kwargs)
 
     return wrapper

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch.fx
 
-from ._accessors import _indices_problem, _is_int
+from ._accessors import _indices_problem, _is_int, schema_problem
 from ._compat import checkpoint_policy
-from ._errors import TagError
+from ._errors import TagError, TagSchemaError
 from ._keys import (
     AC_GRAPH_ID,
     CHUNK_GLUE,
@@ -26,7 +26,7 @@ from ._keys import (
     MUST_SAVE_INDICES,
     RECOMPUTE,
 )
-from .checks import require_graph, require_node
+from .checks import require_bool, require_graph, require_node
 
 
 def _bool_problem(key: str) -> Callable[[object], str | None]:
@@ -66,8 +66,14 @@ def _output_count(node: torch.fx.Node) -> int | None:
     return len(val) if isinstance(val, list | tuple) else None
 
 
-def node_tag_problems(node: torch.fx.Node) -> list[str]:
-    """Every problem with ``node``'s project and AC tags (empty when well-formed)."""
+def node_tag_problems(node: torch.fx.Node, *, retraced: bool = False) -> list[str]:
+    """Every problem with ``node``'s project and AC tags (empty when well-formed).
+
+    ``retraced=True`` (a graph traced again from the tagged one, e.g. the second
+    compilation's joint): getitem indices are not range-checked, because the retrace may have
+    decomposed the op they were recorded on (``native_layer_norm`` -> ``var_mean``); the
+    replay maps saved outputs by what the backward reads instead (``replayed_saves``).
+    """
     require_node(node, where="node_tag_problems")
     problems: list[str] = []
     custom: Any = node.meta.get(CUSTOM)
@@ -75,6 +81,9 @@ def node_tag_problems(node: torch.fx.Node) -> list[str]:
         problems.append(f"meta[{CUSTOM!r}] is {type(custom).__name__}, not dict")
         custom = None
     if custom:
+        mismatch = schema_problem(custom)
+        if mismatch is not None:
+            return [mismatch]  # the other keys may mean something else in that schema
         for key, check in _CUSTOM_CHECKS.items():
             if key in custom:
                 problem = check(custom[key])
@@ -83,7 +92,7 @@ def node_tag_problems(node: torch.fx.Node) -> list[str]:
         indices = custom.get(MUST_SAVE_INDICES)
         if indices is not None and custom.get(MUST_SAVE) is not True:
             problems.append(f"{MUST_SAVE_INDICES} is set but {MUST_SAVE} is not True")
-        count = _output_count(node)
+        count = None if retraced else _output_count(node)
         if count is not None and isinstance(indices, list | tuple):
             out_of_range = [i for i in indices if _is_int(i) and i >= count]
             if out_of_range:
@@ -99,13 +108,25 @@ def node_tag_problems(node: torch.fx.Node) -> list[str]:
     return problems
 
 
-def validate_tags(graph: torch.fx.Graph | torch.fx.GraphModule) -> None:
-    """Raise ``TagError`` naming every node whose tags are malformed; return None otherwise."""
+def validate_tags(graph: torch.fx.Graph | torch.fx.GraphModule, *, retraced: bool = False) -> None:
+    """Raise ``TagError`` naming every node whose tags are malformed; return None otherwise.
+
+    Tags written by another tag-schema version raise ``TagSchemaError`` (a ``TagError``) naming
+    those nodes. ``retraced``: see ``node_tag_problems``.
+    """
     g = require_graph(graph, where="validate_tags")
+    require_bool(retraced, where="validate_tags", arg="retraced")
     problems: dict[str, list[str]] = {}
+    schema: dict[str, list[str]] = {}
     for node in g.nodes:
-        found = node_tag_problems(node)
+        custom = node.meta.get(CUSTOM)
+        if isinstance(custom, dict) and schema_problem(custom) is not None:
+            schema[node.name] = node_tag_problems(node)
+            continue
+        found = node_tag_problems(node, retraced=retraced)
         if found:
             problems[node.name] = found
+    if schema:
+        raise TagSchemaError(schema)
     if problems:
         raise TagError(problems)

@@ -26,11 +26,12 @@ import torch
 import torch.fx
 
 from . import _compat
-from .checks import require_graph, require_node
+from .checks import require_graph, require_graph_module, require_node
 
 __all__ = [
     "BACKWARD_PARTITIONER_TAGS",
     "COLLECTIVE_NAMESPACE",
+    "activation_storages",
     "aliases_input",
     "backward_nodes",
     "collective_input",
@@ -45,6 +46,7 @@ __all__ = [
     "is_wait",
     "node_nbytes",
     "op_overload",
+    "saved_for_backward",
     "size_hint",
     "storage_base",
     "storage_nbytes",
@@ -272,3 +274,34 @@ def storage_nbytes(nodes: Iterable[torch.fx.Node]) -> int:
     """Bytes kept alive by ``nodes``: each distinct storage base counted once."""
     bases = dict.fromkeys(storage_base(n) for n in nodes)
     return sum(node_nbytes(b) for b in bases)
+
+
+# --------------------------------------------------------------------------- saved sets
+
+
+def saved_for_backward(
+    fw_module: torch.fx.GraphModule, num_fwd_outputs: int
+) -> list[torch.fx.Node]:
+    """The values a partitioned forward hands its backward: its outputs after the first
+    ``num_fwd_outputs`` (AOTAutograd's layout ``[user outputs | saved values]``), in order."""
+    require_graph_module(fw_module, where="saved_for_backward", arg="fw_module")
+    outputs = fw_module.graph.output_node().args[0]
+    values = outputs if isinstance(outputs, list | tuple) else (outputs,)
+    return [v for v in values[num_fwd_outputs:] if isinstance(v, torch.fx.Node)]
+
+
+def activation_storages(values: Iterable[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The distinct storages a set of saved values keeps alive that are *activations*.
+
+    This is the one definition of "what a partition saved" every report uses (the first
+    partition's summary, the backend's, ap-partitioner's ``PartitionReport``): each saved tensor
+    is counted by its storage base, once (saving ``rsqrt`` and ``detach(rsqrt)`` keeps one
+    tensor alive); a base that is a graph input is not an activation (the caller holds the
+    input anyway); symbols and opaque values are not tensors. Sized with ``storage_nbytes``.
+    """
+    bases: dict[torch.fx.Node, None] = {}
+    for value in values:
+        base = storage_base(value)
+        if base.op != "placeholder" and isinstance(base.meta.get("val"), torch.Tensor):
+            bases.setdefault(base)
+    return list(bases)

@@ -1,0 +1,227 @@
+"""replayed_saves: the first partition's save tags resolved by meaning on retraced joints.
+
+Each graph is hand-built in the shape the second compilation's joint really has (checked on
+torch 2.15 retraces of real models): every node traced from a tagged first-compile node carries
+its ``custom`` (so a decomposed op's whole chain is tagged), backward nodes are marked
+``autograd_backward`` and inherit the forward's tags through ``seq_nr``, and the retraced
+backward reads exactly the values the first partition saved (sometimes through the ``detach``
+AOTAutograd puts on a saved tensor).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+from ap_tags import MUST_SAVE, MUST_SAVE_INDICES, TAG_SCHEMA, TAG_SCHEMA_VERSION, replayed_saves
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+SAVED = {MUST_SAVE: True, TAG_SCHEMA: TAG_SCHEMA_VERSION}
+
+
+class Retrace:
+    """Builds a retraced joint: ``fwd(...)`` nodes carry the tag of the first-compile node they
+    were traced from, ``bwd(...)`` nodes are marked backward and inherit a save tag."""
+
+    def __init__(self) -> None:
+        self.g = torch.fx.Graph()
+        self.n: dict[str, torch.fx.Node] = {}
+
+    def ph(self, name: str, *shape: int) -> torch.fx.Node:
+        node = self.g.placeholder(name)
+        node.meta["val"] = torch.empty(shape)
+        self.n[name] = node
+        return node
+
+    def _op(self, name: str, target: Any, args: tuple[Any, ...], val: Any) -> torch.fx.Node:
+        node = self.g.call_function(target, args)
+        node.name = name
+        node.meta["val"] = val
+        self.n[name] = node
+        return node
+
+    def fwd(
+        self, name: str, target: Any, *args: Any, tag: dict[str, Any] | None = None, val: Any = None
+    ) -> torch.fx.Node:
+        node = self._op(name, target, args, torch.empty(4, 8) if val is None else val)
+        if tag is not None:
+            node.meta["custom"] = dict(tag)
+        return node
+
+    def bwd(self, name: str, target: Any, *args: Any) -> torch.fx.Node:
+        node = self._op(name, target, args, torch.empty(4, 8))
+        node.meta["autograd_backward"] = True
+        node.meta["custom"] = dict(SAVED)  # inherited through seq_nr: never a saved value
+        return node
+
+    def done(self, *outs: torch.fx.Node) -> dict[str, torch.fx.Node]:
+        self.g.output(outs)
+        return self.n
+
+
+def _saved(n: dict[str, torch.fx.Node]) -> list[str]:
+    graph = next(iter(n.values())).graph
+    return [v.name for v in replayed_saves(graph).values]
+
+
+def test_rmsnorm_backward_nodes_never_claim_a_saved_value() -> None:
+    """Embedding -> RMSNorm: the first partition saved ``rsqrt`` and the input; the backward's
+    ``pow``/``mul``/``neg`` (tangent-independent, tagged by seq_nr) are not saves."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    emb = r.fwd("embedding", aten.relu.default, x, tag=SAVED)
+    sq = r.fwd("pow", aten.pow.Tensor_Scalar, emb, 2)
+    rsqrt = r.fwd("rsqrt", aten.rsqrt.default, sq, tag=SAVED)
+    out = r.fwd("mul", aten.mul.Tensor, emb, rsqrt)
+    pow_b = r.bwd("pow_bw", aten.pow.Tensor_Scalar, rsqrt, 3)  # reads rsqrt: no tangent
+    neg = r.bwd("neg_bw", aten.neg.default, pow_b)
+    grad = r.bwd("mul_bw", aten.mul.Tensor, t, neg)
+    grad_x = r.bwd("mul_bw2", aten.mul.Tensor, grad, emb)
+    n = r.done(out, grad_x)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["embedding", "rsqrt"]
+    assert set(resolved.backward_tagged) == {"pow_bw", "neg_bw", "mul_bw", "mul_bw2"}
+    assert n["pow_bw"] not in resolved.values
+
+
+def test_decomposed_silu_saves_the_value_not_its_fp32_chain() -> None:
+    """A bf16 ``silu`` the retrace decomposes into upcast -> neg -> exp -> add -> div -> downcast:
+    every node inherits the tag; only the downcast (the value the backward reads) is saved."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    up = r.fwd(
+        "convert_element_type", prims.convert_element_type.default, x, torch.float32, tag=SAVED
+    )
+    neg = r.fwd("neg", aten.neg.default, up, tag=SAVED)
+    exp = r.fwd("exp", aten.exp.default, neg, tag=SAVED)
+    add = r.fwd("add", aten.add.Tensor, exp, 1, tag=SAVED)
+    div = r.fwd("div", aten.div.Tensor, up, add, tag=SAVED)
+    down = r.fwd(
+        "convert_element_type_1", prims.convert_element_type.default, div, torch.bfloat16, tag=SAVED
+    )
+    loss = r.fwd("sum", aten.sum.default, down)
+    grad = r.bwd("mul_bw", aten.mul.Tensor, t, down)
+    n = r.done(loss, grad)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["convert_element_type_1"]
+    assert set(resolved.not_read) == {"convert_element_type", "neg", "exp", "add", "div"}
+    assert n["sum"] not in resolved.values
+
+
+def _layer_norm(indices: list[int]) -> Retrace:
+    """``native_layer_norm`` (first compile saved outputs ``indices`` of 3) decomposed by the
+    retrace into ``var_mean`` (2 outputs) + arithmetic; the backward reads mean and rstd."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    tag = {**SAVED, MUST_SAVE_INDICES: indices}
+    vm = r.fwd(
+        "var_mean",
+        aten.var_mean.correction,
+        x,
+        [1],
+        tag=tag,
+        val=(torch.empty(4, 1), torch.empty(4, 1)),
+    )
+    var = r.fwd("getitem", operator.getitem, vm, 0, tag=tag, val=torch.empty(4, 1))
+    mean = r.fwd("getitem_1", operator.getitem, vm, 1, tag=tag, val=torch.empty(4, 1))
+    eps = r.fwd("add", aten.add.Tensor, var, 1e-5, tag=tag, val=torch.empty(4, 1))
+    rstd = r.fwd("rsqrt", aten.rsqrt.default, eps, tag=tag, val=torch.empty(4, 1))
+    sub = r.fwd("sub", aten.sub.Tensor, x, mean, tag=tag)
+    out = r.fwd("mul", aten.mul.Tensor, sub, rstd, tag=tag)
+    # the retraced backward (native_layer_norm_backward, decomposed) reads x, mean and rstd
+    xm = r.bwd("sub_bw", aten.sub.Tensor, x, mean)
+    xh = r.bwd("mul_bw", aten.mul.Tensor, xm, rstd)
+    grad = r.bwd("mul_bw2", aten.mul.Tensor, t, xh)
+    r.done(out, grad)
+    return r
+
+
+def test_layer_norm_saved_outputs_map_by_meaning_not_by_index() -> None:
+    r = _layer_norm([1, 2])  # mean and rstd; index 2 does not exist on var_mean
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["getitem_1", "rsqrt"]
+    assert set(resolved.not_read) == {"getitem", "add", "sub", "mul"}
+
+
+def test_batch_norm_saved_statistics_map_by_meaning() -> None:
+    """``native_batch_norm`` (5 outputs; the first partition saved the two saved statistics)
+    retraced as ``_native_batch_norm_legit_functional`` + getitems: the backward reads them."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    w = r.ph("primals_2", 8)
+    t = r.ph("tangents_1", 4, 8)
+    tag = {**SAVED, MUST_SAVE_INDICES: [3, 4]}
+    bn = r.fwd(
+        "bn",
+        aten._native_batch_norm_legit_functional.default,
+        x,
+        w,
+        None,
+        None,
+        None,
+        True,
+        0.1,
+        1e-5,
+        tag=tag,
+        val=tuple(torch.empty(8) for _ in range(5)),
+    )
+    out = r.fwd("getitem", operator.getitem, bn, 0, tag=tag)
+    mean = r.fwd("getitem_1", operator.getitem, bn, 1, tag=tag, val=torch.empty(8))
+    invstd = r.fwd("getitem_2", operator.getitem, bn, 2, tag=tag, val=torch.empty(8))
+    back = r.bwd("bn_bw", aten.mul.Tensor, t, invstd)
+    back2 = r.bwd("bn_bw2", aten.sub.Tensor, back, mean)
+    r.done(out, back2)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["getitem_1", "getitem_2"]
+    assert resolved.not_read == ("getitem",)
+
+
+def test_sdpa_outputs_read_through_detach() -> None:
+    """SDPA survives the retrace: its output and logsumexp are saved; AOTAutograd hands saved
+    tensors to the backward as ``detach(x)``, which is what the backward reads."""
+    r = Retrace()
+    q = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    tag = {**SAVED, MUST_SAVE_INDICES: [0, 1]}
+    sdpa = r.fwd(
+        "sdpa",
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        q,
+        q,
+        q,
+        tag=tag,
+        val=(torch.empty(4, 8), torch.empty(4)),
+    )
+    out = r.fwd("getitem", operator.getitem, sdpa, 0, tag=tag)
+    lse = r.fwd("getitem_1", operator.getitem, sdpa, 1, tag=tag, val=torch.empty(4))
+    d_out = r.fwd("detach", aten.detach.default, out)
+    d_lse = r.fwd("detach_1", aten.detach.default, lse, val=torch.empty(4))
+    grad = r.bwd("sdpa_bw", aten.mul.Tensor, t, d_out)
+    grad2 = r.bwd("sdpa_bw2", aten.mul.Tensor, grad, d_lse)
+    r.done(out, grad2)
+    assert _saved(r.n) == ["getitem", "getitem_1"]
+
+
+def test_a_graph_without_backward_marks_takes_tags_as_written() -> None:
+    """Hand-built joints without autograd_backward marks cannot tell interiors from values:
+    every tagged forward node is saved, getitems by the parent's index list."""
+    r = _layer_norm([1])
+    for node in r.g.nodes:
+        node.meta.pop("autograd_backward", None)
+    names = _saved(r.n)
+    assert "getitem_1" in names and "getitem" not in names  # index list honoured
+    assert {"add", "rsqrt", "sub", "mul"} <= set(names)  # every tagged node, as written
+
+
+@pytest.mark.parametrize("bad", ["graph", 3])
+def test_refuses_non_graphs(bad: object) -> None:
+    with pytest.raises(TypeError, match="replayed_saves: graph must be"):
+        replayed_saves(bad)  # type: ignore[arg-type]
