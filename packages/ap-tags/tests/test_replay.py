@@ -186,7 +186,8 @@ def test_batch_norm_saved_statistics_map_by_meaning() -> None:
 
 def test_sdpa_outputs_read_through_detach() -> None:
     """SDPA survives the retrace: its output and logsumexp are saved; AOTAutograd hands saved
-    tensors to the backward as ``detach(x)``, which is what the backward reads."""
+    tensors to the backward as ``detach(x)``, which is what the backward reads -- and what is
+    saved (the same storage as the getitem)."""
     r = Retrace()
     q = r.ph("primals_1", 4, 8)
     t = r.ph("tangents_1", 4, 8)
@@ -207,7 +208,7 @@ def test_sdpa_outputs_read_through_detach() -> None:
     grad = r.bwd("sdpa_bw", aten.mul.Tensor, t, d_out)
     grad2 = r.bwd("sdpa_bw2", aten.mul.Tensor, grad, d_lse)
     r.done(out, grad2)
-    assert _saved(r.n) == ["getitem", "getitem_1"]
+    assert _saved(r.n) == ["detach", "detach_1"]
 
 
 def test_a_graph_without_backward_marks_takes_tags_as_written() -> None:
@@ -225,3 +226,61 @@ def test_a_graph_without_backward_marks_takes_tags_as_written() -> None:
 def test_refuses_non_graphs(bad: object) -> None:
     with pytest.raises(TypeError, match="replayed_saves: graph must be"):
         replayed_saves(bad)  # type: ignore[arg-type]
+
+
+def test_a_tagged_view_whose_base_the_backward_reads() -> None:
+    """The first partition saved ``view(logits)``; the retraced backward reads ``logits``
+    itself. Same storage: the base is what is saved."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    logits = r.fwd("mm", aten.relu.default, x)
+    view = r.fwd("view", aten.view.default, logits, [32], tag=SAVED, val=torch.empty(32))
+    loss = r.fwd("sum", aten.sum.default, view, val=torch.empty(()))
+    grad = r.bwd("sub_bw", aten.sub.Tensor, t, logits)
+    r.done(loss, grad)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["mm"]
+    assert resolved.not_read == ()
+
+
+def test_a_value_whose_tag_the_retrace_lost_is_still_saved() -> None:
+    """The first partition saved ``_unsafe_view(logits)`` to the same shape; the retrace traced
+    that no-op to nothing, so the value sits on the untagged ``mm``, which the backward reads
+    (recomputing it there would redo a matmul)."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    h = r.fwd("relu", aten.relu.default, x, tag=SAVED)
+    logits = r.fwd("mm", aten.mm.default, h, h)
+    loss = r.fwd("sum", aten.sum.default, logits, val=torch.empty(()))
+    grad = r.bwd("sub_bw", aten.sub.Tensor, t, logits)
+    grad2 = r.bwd("mul_bw", aten.mul.Tensor, grad, h)
+    r.done(loss, grad2)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["relu", "mm"]
+    assert resolved.untagged_read == ("mm",)
+
+
+def test_a_graph_without_save_tags_is_no_replay() -> None:
+    r = _layer_norm([1, 2])
+    for node in r.g.nodes:
+        node.meta.pop("custom", None)
+    resolved = replayed_saves(r.g)
+    assert resolved.values == () and resolved.notes() == ()
+
+
+def test_an_untagged_constant_the_backward_reads_is_recomputed_not_saved() -> None:
+    """Inductor's joint passes hoist constants (``scalar_tensor``, ``arange``) that forward and
+    backward share; recomputing one in the backward is free, keeping it alive is not."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    h = r.fwd("relu", aten.relu.default, x, tag=SAVED)
+    const = r.fwd("scalar_tensor", aten.scalar_tensor.default, 2.0, val=torch.empty(()))
+    out = r.fwd("mul", aten.mul.Tensor, h, const)
+    grad = r.bwd("mul_bw", aten.mul.Tensor, t, const)
+    grad2 = r.bwd("mul_bw2", aten.mul.Tensor, grad, h)
+    r.done(out, grad2)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["relu"]

@@ -2,7 +2,7 @@
 
 The second compilation retraces the first one's interpreted forward and backward graphs. Every
 node traced while an interpreted node runs copies that node's tags, so the tags land on more
-nodes than the values they describe:
+nodes than the values they describe, and sometimes on none:
 
 * **Backward nodes.** AOTAutograd copies a forward node's ``custom`` onto the backward nodes
   that share its ``seq_nr``; in a retrace one ``seq_nr`` can cover the whole step, so every
@@ -12,32 +12,42 @@ nodes than the values they describe:
   chain; only the node producing the value is the saved value, not the intermediates.
 * **Multi-output ops.** ``native_layer_norm`` saved outputs ``[1, 2]`` (mean, rstd); after
   decomposition those are a ``var_mean`` getitem and an ``rsqrt``: indices do not carry over.
+* **No-op ops.** A tagged op the retrace traces to nothing (an ``_unsafe_view`` to the same
+  shape) leaves its value on an untagged node.
 
-All three are resolved by one fact of the retrace: the retraced backward *is* the first
-compilation's backward graph, interpreted, so the forward values it reads (directly, or through
-the ``detach`` AOTAutograd puts on a saved tensor) are exactly the retraced images of the values
-the first partition saved. A forward node is replayed as saved
-when it carries a save tag (its own, or its multi-output parent's) **and** a backward node reads
-it. Tagged forward nodes the backward does not read are decomposition interiors, or values the
-second graph no longer needs (fused or merged by CSE): nothing is saved for them and they are
-reported, never treated as an error.
+All four are resolved by one fact of the retrace: the retraced backward *is* the first
+compilation's backward graph, interpreted. The forward values it reads are therefore exactly
+the retraced images of the values the first partition saved -- recomputations the first
+partition chose happen inside that backward, from values it saved. So on a retrace (a graph
+that carries save tags on forward nodes), the replay saves every forward value a backward node
+reads: the node the backward reads, be it the tagged value itself, the ``detach`` AOTAutograd
+hands a saved tensor over as, or the base of a tagged view. The tags then only explain:
+tagged values whose storage the backward does not read are decomposition interiors or values
+the second graph no longer needs (a backward op that took an argument it never used, such as
+batch norm's running statistics), and read values without a tag lost it in the retrace. Both are
+reported, neither is an error. One exception to "save what the backward reads": an untagged
+constant (computed from no graph input at all, e.g. a ``scalar_tensor`` or an ``arange`` that
+Inductor's joint-graph passes hoisted and share between forward and backward) is recomputed in
+the backward for free, so it is not kept alive.
 
 "Backward" is decided by AOTAutograd's marks (``meta["autograd_backward"]``, every node traced
 while autograd runs the backward) plus tangent reachability. A graph with no backward mark at
-all (hand-built, or traced without provenance) cannot tell a decomposition interior from a
-value, so there the tags are taken as written: every tagged forward node, and of a tagged
-multi-output op the getitems its index list names (all of them without a list).
+all (hand-built, or traced without provenance) cannot tell what the backward reads from what
+it recomputes, so there the tags are taken as written: every tagged forward node, and of a
+tagged multi-output op the getitems its index list names (all of them without a list). A graph
+without any save tag is no replay: nothing is resolved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.fx
 
 from ._accessors import is_must_save, must_save_indices
 from .checks import require_graph
-from .graph import aliases_input, backward_nodes, is_getitem, is_multi_output
+from .graph import backward_nodes, is_getitem, is_multi_output, op_overload, storage_base
 
 
 @dataclass(frozen=True)
@@ -45,30 +55,25 @@ class ReplayedSaves:
     """What ``replayed_saves`` found on a retraced joint graph.
 
     ``values``: forward nodes to save (getitems for multi-output ops), in graph order.
-    ``not_read``: tagged forward nodes the backward does not read (decomposition interiors,
-    values the retrace no longer needs) -- not saved. ``backward_tagged``: backward nodes
-    carrying save tags they inherited -- ignored.
+    ``not_read``: tagged forward nodes whose storage the backward does not read (decomposition
+    interiors, values the retrace no longer needs) -- not saved. ``untagged_read``: forward
+    nodes the backward reads that carry no tag (the tag was lost in the retrace) -- saved.
+    ``backward_tagged``: backward nodes carrying save tags they inherited -- ignored.
     """
 
     values: tuple[torch.fx.Node, ...]
-    not_read: tuple[str, ...]
-    backward_tagged: tuple[str, ...]
+    not_read: tuple[str, ...] = ()
+    untagged_read: tuple[str, ...] = ()
+    backward_tagged: tuple[str, ...] = ()
 
     def notes(self) -> tuple[str, ...]:
-        """One line per kind of tag the replay did not act on (for partition reports)."""
-        out = []
-        if self.not_read:
-            out.append(
-                f"{len(self.not_read)} tagged forward values are not read by the backward "
-                f"(decomposition interiors or values the retrace no longer needs), not saved: "
-                f"{_names(self.not_read)}"
-            )
-        if self.backward_tagged:
-            out.append(
-                f"{len(self.backward_tagged)} backward nodes carry save tags inherited from "
-                f"their forward op, ignored: {_names(self.backward_tagged)}"
-            )
-        return tuple(out)
+        """One line per kind of tag the replay did not take as written (for reports)."""
+        lines = (
+            (self.not_read, "tagged forward values the backward does not read, not saved"),
+            (self.untagged_read, "untagged forward values the backward reads, saved"),
+            (self.backward_tagged, "backward nodes with inherited save tags, ignored"),
+        )
+        return tuple(f"{len(names)} {what}: {_names(names)}" for names, what in lines if names)
 
 
 def _names(names: tuple[str, ...], limit: int = 8) -> str:
@@ -84,21 +89,6 @@ def _tagged(node: torch.fx.Node, backward: set[torch.fx.Node]) -> bool:
     return isinstance(parent, torch.fx.Node) and parent not in backward and is_must_save(parent)
 
 
-def _read_by_backward(node: torch.fx.Node, backward: set[torch.fx.Node]) -> bool:
-    """A backward node reads ``node``'s value: directly, or through forward aliases of it
-    (AOTAutograd hands saved tensors over as ``detach(x)``, which the backward reads)."""
-    stack, seen = [node], {node}
-    while stack:
-        current = stack.pop()
-        for user in current.users:
-            if user in backward:
-                return True
-            if user not in seen and aliases_input(user) and user.args[0] is current:
-                seen.add(user)
-                stack.append(user)
-    return False
-
-
 def _as_written(node: torch.fx.Node) -> bool:
     """Unmarked graphs: the tag as written (a getitem: its index is in the parent's list, or
     the parent has none)."""
@@ -109,23 +99,50 @@ def _as_written(node: torch.fx.Node) -> bool:
     return is_must_save(parent) and (not indices or node.args[1] in indices)
 
 
+def _constants(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes computed from no graph input (only from other constants), deterministically."""
+    found: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or _is_random(node):
+            continue
+        if all(i in found for i in node.all_input_nodes):
+            found.add(node)
+    return found
+
+
+def _is_random(node: torch.fx.Node) -> bool:
+    op = op_overload(node)
+    return op is not None and torch.Tag.nondeterministic_seeded in op.tags
+
+
 def replayed_saves(graph: torch.fx.Graph | torch.fx.GraphModule) -> ReplayedSaves:
     """Resolve the first partition's save tags on a retraced joint graph (see module doc)."""
     g = require_graph(graph, where="replayed_saves")
     backward = backward_nodes(g)
-    marked = any(n.meta.get("autograd_backward") is True for n in g.nodes)
-    values: list[torch.fx.Node] = []
-    not_read: list[str] = []
-    backward_tagged: list[str] = []
-    for node in g.nodes:
-        if node.op != "call_function" or not _tagged(node, backward):
-            continue
-        if node in backward:
-            backward_tagged.append(node.name)
-        elif is_multi_output(node):
-            continue  # a tuple is never saved itself: its getitems are decided one by one
-        elif _read_by_backward(node, backward) or (not marked and _as_written(node)):
-            values.append(node)
-        else:
-            not_read.append(node.name)
-    return ReplayedSaves(tuple(values), tuple(not_read), tuple(backward_tagged))
+    forward = [
+        n
+        for n in g.nodes
+        if n.op == "call_function" and n not in backward and not is_multi_output(n)
+    ]
+    tagged = [n for n in forward if _tagged(n, backward)]
+    backward_tagged = tuple(
+        n.name for n in g.nodes if n in backward and n.op == "call_function" and is_must_save(n)
+    )
+    if not tagged:
+        return ReplayedSaves((), backward_tagged=backward_tagged)
+    if not any(n.meta.get("autograd_backward") is True for n in g.nodes):
+        return ReplayedSaves(tuple(n for n in tagged if _as_written(n)))
+    constant = _constants(g)
+    read = [
+        n
+        for n in forward
+        if any(user in backward for user in n.users) and (n in tagged or n not in constant)
+    ]
+    read_storages = {storage_base(n) for n in read}
+    tagged_storages = {storage_base(n) for n in tagged}
+    return ReplayedSaves(
+        values=tuple(read),
+        not_read=tuple(n.name for n in tagged if storage_base(n) not in read_storages),
+        untagged_read=tuple(n.name for n in read if storage_base(n) not in tagged_storages),
+        backward_tagged=backward_tagged,
+    )
