@@ -1,0 +1,77 @@
+"""Image classifiers: torchvision ResNet-18 (BatchNorm) and a timm Vision Transformer
+(LayerNorm, fused SDPA attention). Random init, 32x32 inputs, 10 classes."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.models._base import ZooModel
+
+__all__ = ["resnet18", "vit"]
+
+_IMG_BATCH = 4
+
+
+def _image_batches(steps: int) -> list[tuple[torch.Tensor, ...]]:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (
+            torch.randn(_IMG_BATCH, 3, 32, 32, generator=gen),
+            torch.randint(0, 10, (_IMG_BATCH,), generator=gen),
+        )
+        for _ in range(steps)
+    ]
+
+
+def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits, labels)
+
+
+def resnet18(steps: int) -> ZooModel:
+    """torchvision ResNet-18 exactly as ``torchvision.models.resnet18(num_classes=10)`` builds
+    it (BatchNorm in training mode: batch statistics, running-stat buffers updated)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    model.train()
+    return ZooModel(
+        name="tv_resnet18",
+        library=f"torchvision {torchvision.__version__.split('+')[0]}",
+        config="resnet18(num_classes=10), 4x3x32x32 images",
+        module=model,
+        batches=_image_batches(steps),
+        n_model_inputs=1,
+        loss_fn=_ce,
+        notes=["weights=None (random init); BatchNorm running stats are buffers"],
+    )
+
+
+def vit(steps: int) -> ZooModel:
+    """timm ``VisionTransformer`` (the class behind ``vit_tiny_patch16_224``) at a tiny size:
+    patch embedding, class token, learned positions, LayerNorm, fused SDPA, GELU MLP."""
+    import timm
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=32,
+        patch_size=8,
+        embed_dim=64,
+        depth=2,
+        num_heads=4,
+        mlp_ratio=2.0,
+        num_classes=10,
+    )
+    model.train()
+    return ZooModel(
+        name="timm_vit",
+        library=f"timm {timm.__version__}",
+        config="VisionTransformer(img 32, patch 8, dim 64, depth 2, 4 heads)",
+        module=model,
+        batches=_image_batches(steps),
+        n_model_inputs=1,
+        loss_fn=_ce,
+        notes=["random init; drop rates are timm's defaults (0)"],
+    )
