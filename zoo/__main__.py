@@ -3,8 +3,8 @@
 Runs every model x configuration in its own subprocess (``zoo.worker``), one at a time, prints
 one line per case, and writes the JSON record and the markdown table. A full run (every model,
 every configuration) writes ``zoo/results.json`` and ``zoo/RESULTS.md`` unless told otherwise.
-bf16 models always get a ``stock`` (plain Inductor) case too: their numerics are judged
-against it.
+``stock`` is plain ``torch.compile`` (Inductor) of the unsharded model: the reference gap
+shown next to every model; bf16 models always get it (their numerics are judged against it).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo", description=__doc__)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated (all)")
     parser.add_argument(
-        "--configs", default=",".join(AP_CONFIGS), help="default,ac,full[,stock] (all three)"
+        "--configs", default=",".join(CONFIGS), help="stock,default,ac,full (all four)"
     )
     parser.add_argument("--ranks", type=int, default=1, choices=(1, 2), help="gloo ranks (1)")
     parser.add_argument("--json", default=None, help="JSON record (full run: zoo/results.json)")

@@ -395,9 +395,19 @@ def run_case(
     return res
 
 
-def _tb_tail(exc: BaseException, n: int = 3) -> list[str]:
-    frames = traceback.extract_tb(exc.__traceback__)[-n:]
-    return [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in frames]
+def _tb_tail(exc: BaseException, n: int = 2) -> list[str]:
+    """The innermost ``n`` frames outside torch (the model or ap code that got there) and the
+    innermost frame of all, as ``path:line function``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+
+    def where(f: traceback.FrameSummary) -> str:
+        return f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+
+    outside = [f for f in frames if "site-packages/torch/" not in f.filename][-n:]
+    tail = [where(f) for f in outside]
+    if frames and (not outside or frames[-1] is not outside[-1]):
+        tail.append(where(frames[-1]))
+    return tail
 
 
 # ----------------------------------------------------------------------------------------------

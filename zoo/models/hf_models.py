@@ -7,8 +7,16 @@ configuration values, none to the model code:
 * dropout probabilities are 0 (eager and compiled runs must see the same computation);
 * ``use_cache=False`` (a training step; a cache object would be a model output);
 * token ids that the configs default outside a 256-token vocabulary are set inside it;
-* the causal LMs get an explicit ``attention_mask`` and ``position_ids``: with ``input_ids``
-  alone, ``precompile`` fails on the packed-sequence detection (data-dependent), a known issue.
+* the attention mask is passed *prepared*: a 4-D boolean mask (``(B, 1, S, S)``, True =
+  attend), which transformers uses as is. With ``input_ids`` alone ``precompile`` fails in the
+  packed-sequence detection, and with the usual 2-D mask it fails in the SDPA causal-skip check
+  (``masking_utils._ignore_causal_mask_sdpa``: ``fast_all(padding_mask)`` calls ``.item()``):
+  transformers' ``is_tracing()`` does not recognise the functional/fake tensors of
+  ``precompile``'s AOT export (no Dynamo there), so both data-dependent checks run and raise
+  ``DataDependentOutputException``. The 4-D mask is the one the model would build itself
+  (causal, or all-ones for BERT's encoder); eager losses are bit-identical to the 2-D call.
+  Mistral keeps the 2-D mask: a prepared mask would bypass its sliding window, and its own
+  mask path skips the failing check.
 """
 
 from __future__ import annotations
@@ -30,35 +38,46 @@ def _library() -> str:
     return f"transformers {transformers.__version__}"
 
 
-def _causal_batches(steps: int) -> list[tuple[torch.Tensor, ...]]:
+def causal_mask_4d() -> torch.Tensor:
+    """The prepared causal mask an HF SDPA model builds: ``(B, 1, S, S)`` bool, True = attend."""
+    return torch.ones(SEQ, SEQ, dtype=torch.bool).tril().expand(BATCH, 1, SEQ, SEQ).contiguous()
+
+
+def full_mask_4d() -> torch.Tensor:
+    """The prepared bidirectional mask without padding: all True."""
+    return torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool)
+
+
+def _causal_batches(steps: int, *, mask_2d: bool) -> list[tuple[torch.Tensor, ...]]:
     """``(input_ids, attention_mask, position_ids, labels)`` per step; labels = input ids (the
     model shifts them itself)."""
     out: list[tuple[torch.Tensor, ...]] = []
     positions = torch.arange(SEQ).expand(BATCH, SEQ).contiguous()
     for tokens, _ in token_batches(steps):
-        out.append((tokens, torch.ones_like(tokens), positions, tokens.clone()))
+        mask = torch.ones_like(tokens) if mask_2d else causal_mask_4d()
+        out.append((tokens, mask, positions, tokens.clone()))
     return out
 
 
-_CAUSAL_NOTES = [
-    "called with input_ids, attention_mask (all ones), position_ids, labels",
-    "loss: the model's own (labels=), return_dict=False, use_cache=False",
-]
-
-
-def _causal(name: str, config: str, model: torch.nn.Module, steps: int) -> ZooModel:
+def _causal(
+    name: str, config: str, model: torch.nn.Module, steps: int, *, mask_2d: bool = False
+) -> ZooModel:
     model.train()
+    mask = "2-D attention_mask (all ones)" if mask_2d else "prepared 4-D causal attention_mask"
     return ZooModel(
         name=name,
         library=_library(),
         config=config,
         module=model,
-        batches=_causal_batches(steps),
+        batches=_causal_batches(steps, mask_2d=mask_2d),
         n_model_inputs=4,
         loss_fn=first_output,
         input_names=("input_ids", "attention_mask", "position_ids", "labels"),
         model_kwargs={"return_dict": False},
-        notes=list(_CAUSAL_NOTES),
+        notes=[
+            f"called with input_ids, {mask}, position_ids, labels",
+            "loss: the model's own (labels=), return_dict=False, use_cache=False",
+        ],
     )
 
 
@@ -125,6 +144,7 @@ def mistral(steps: int) -> ZooModel:
         "MistralConfig: hidden 64, 4 q / 2 kv heads, sliding window 8, 2 layers",
         hf.MistralForCausalLM(cfg),
         steps,
+        mask_2d=True,
     )
 
 
@@ -180,7 +200,7 @@ def bert(steps: int) -> ZooModel:
     for tokens, _ in token_batches(steps):
         labels = torch.where(torch.rand(tokens.shape, generator=gen) < 0.15, tokens, -100)
         labels[:, 0] = tokens[:, 0]  # at least one labelled position per row
-        batches.append((tokens, torch.ones_like(tokens), torch.zeros_like(tokens), labels))
+        batches.append((tokens, full_mask_4d(), torch.zeros_like(tokens), labels))
     return ZooModel(
         name="hf_bert",
         library=_library(),
@@ -192,7 +212,8 @@ def bert(steps: int) -> ZooModel:
         input_names=("input_ids", "attention_mask", "token_type_ids", "labels"),
         model_kwargs={"return_dict": False},
         notes=[
-            "called with input_ids, attention_mask, token_type_ids, labels (15% masked-LM)",
+            "called with input_ids, prepared 4-D attention_mask (all True), token_type_ids, "
+            "labels (15% masked-LM)",
             "loss: the model's own (labels=), return_dict=False",
         ],
     )
@@ -221,19 +242,20 @@ def t5(steps: int) -> ZooModel:
     model.train()
     batches: list[tuple[torch.Tensor, ...]] = []
     for tokens, targets in token_batches(steps):
-        batches.append((tokens, torch.ones_like(tokens), targets))
+        batches.append((tokens, full_mask_4d(), causal_mask_4d(), targets))
     return ZooModel(
         name="hf_t5",
         library=_library(),
         config="T5Config: d_model 64, 4 heads, 2+2 layers",
         module=model,
         batches=batches,
-        n_model_inputs=3,
+        n_model_inputs=4,
         loss_fn=first_output,
-        input_names=("input_ids", "attention_mask", "labels"),
+        input_names=("input_ids", "attention_mask", "decoder_attention_mask", "labels"),
         model_kwargs={"return_dict": False},
         notes=[
-            "called with input_ids, attention_mask, labels (decoder inputs = shifted labels)",
+            "called with input_ids, prepared 4-D attention_mask (all True) and "
+            "decoder_attention_mask (causal), labels (decoder inputs = shifted labels)",
             "loss: the model's own (labels=), return_dict=False, use_cache=False",
         ],
     )
