@@ -55,27 +55,36 @@ CASES: tuple[tuple[str, str], ...] = (
     ("tt_llama3", "full"),
 )
 
-# Known defects (zoo/README.md, "Failures found"), as xfail reasons.
-LAYERNORM = (
-    "known defect: LayerNorm/BatchNorm models fall back to min-cut (native_layer_norm / "
-    "native_batch_norm getitem index recorded on the first compile is out of range after "
-    "decomposition)"
+# Why a property fails today (zoo/README.md, "Failures found"), as xfail reasons.
+NORM_FALLBACK = (
+    "known defect: LayerNorm/BatchNorm models fall back to min-cut (the getitem indices "
+    "recorded on the first compile's native_layer_norm / native_batch_norm are out of range "
+    "for the second compile's var_mean: 'malformed tags')"
+)
+NORM_FALLBACK_SAVES = (
+    "known defect (LayerNorm/BatchNorm fallback): min-cut, not the replay, chose the second "
+    "compile's saved set, so it differs from the first partition"
 )
 VIEWS_COUNTED = (
     "zoo finding: PartitionReport counts each saved view as its own activation (count and "
-    "bytes), SavedSummary counts storages, so the measures disagree whenever a view is saved"
+    "bytes) while SavedSummary counts storages, so the measures disagree when a view is saved"
 )
-SDPA = (
-    "known limit: ap-partitioner's cut check rejects the replayed set with CPU SDPA "
-    "(_scaled_dot_product_flash_attention_for_cpu) and falls back to min-cut"
+RESNET_FP32 = (
+    "not an ap defect: random-init ResNet-18 is ill-conditioned in fp32; stock Inductor's own "
+    "gap vs eager is the same (grad rel 3.5e-5 > 1e-5)"
 )
 
 #: (model, config, property) -> reason, for every property that fails today.
 KNOWN: dict[tuple[str, str, str], str] = {
     ("tt_llama3", "default", "saved_agree"): VIEWS_COUNTED,
     ("tt_llama3", "full", "saved_agree"): VIEWS_COUNTED,
-    ("nn_transformer_encoder", "default", "no_fallbacks"): LAYERNORM,
-    ("nn_transformer_encoder", "default", "saved_agree"): VIEWS_COUNTED,
+    ("hf_bert", "default", "no_fallbacks"): NORM_FALLBACK,
+    ("hf_bert", "default", "saved_agree"): NORM_FALLBACK_SAVES,
+    ("tv_resnet18", "default", "numerics"): RESNET_FP32,
+    ("tv_resnet18", "default", "no_fallbacks"): NORM_FALLBACK,
+    ("tv_resnet18", "default", "saved_agree"): NORM_FALLBACK_SAVES,
+    ("nn_transformer_encoder", "default", "no_fallbacks"): NORM_FALLBACK,
+    ("nn_transformer_encoder", "default", "saved_agree"): f"{NORM_FALLBACK_SAVES}; {VIEWS_COUNTED}",
 }
 
 _RESULTS: dict[tuple[str, str], CaseResult] = {}
@@ -87,8 +96,11 @@ def gloo() -> Iterator[None]:
     if dist.is_initialized():
         pytest.fail("test_zoo: a process group is already initialised by an earlier test")
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())  # type: ignore[attr-defined]
+    # One compile thread, as `python -m zoo` runs: on 2 cores a compile-worker pool costs more
+    # than it saves.
     try:
-        yield
+        with torch._inductor.config.patch(compile_threads=1):
+            yield
     finally:
         dist.destroy_process_group()
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from zoo.run import FP32_RTOL, CaseResult, evaluate, numerics_tolerance
+from zoo.run import FP32_RTOL, GRAD_FLOOR, CaseResult, evaluate, numerics_tolerance
 
 __all__ = ["attach_stock_gaps", "load", "render"]
 
@@ -113,8 +113,10 @@ bucketing=True, overlap_scheduling=True)`; `stock` = plain `torch.compile` (Indu
 unsharded model, no first compilation (the reference gap for bf16 models).
 Parameters are FSDP-style dim-0 shards all-gathered in forward (`zoo/fsdp.py`).
 
-* **loss rel / grad rel**: normwise relative error vs eager, `max|compiled - eager| / max|eager|`,
-  worst over steps, parameter shards and ranks. **tol**: {FP32_RTOL:.0e} for fp32 models; for
+* **loss rel / grad rel**: relative error vs eager; for gradients per shard tensor
+  `max|compiled - eager| / max(max|eager|, {GRAD_FLOOR:.0e} x the step's largest |eager| entry)`,
+  worst over steps, shards and ranks (the floor keeps mathematically-zero gradients, such as
+  attention key biases, from comparing round-off with round-off). **tol**: {FP32_RTOL:.0e} for fp32 models; for
   bf16 models stock Inductor's own gap (never below {FP32_RTOL:.0e}).
 * **FSDP chains**: all-gather chains ap-tags found in the first compilation / parameter shards.
 * **first partition**: `PrecompiledModule.first_partition` (distinct saved storages / bytes);
@@ -154,6 +156,12 @@ def render(results: Sequence[CaseResult], *, command: str = COMMAND, wall_s: flo
     for r in results:
         if r.error:
             lines.append(f"* `{r.model}` / `{r.config}` ({r.error_stage}): `{r.error}`")
+        if r.config != "stock" and evaluate(r).numerics is False:
+            lines.append(
+                f"* `{r.model}` / `{r.config}` numerics: loss rel {_e(r.loss_rel)}, grad rel "
+                f"{_e(r.grad_rel)} at {r.grad_worst or '?'} (stock Inductor: loss "
+                f"{_e(r.stock_loss_rel)}, grad {_e(r.stock_grad_rel)})"
+            )
         for rep in r.reports:
             if rep.fell_back and rep.fallback_reason:
                 first = rep.fallback_reason.strip().splitlines()
