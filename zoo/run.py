@@ -485,8 +485,6 @@ def evaluate(res: CaseResult) -> Verdict:
             agree = first_pair == saved_pair == report_pair
         else:  # AC may add stage-boundary saves: the same partition must still agree
             agree = saved_pair == report_pair
-    elif res.first is not None and res.config == "default":
-        le_first = None
     return Verdict(
         numerics=numerics,
         no_fallbacks=no_fallbacks,
