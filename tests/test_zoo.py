@@ -1,8 +1,8 @@
 """The conformance zoo's fast subset: real architectures nobody here wrote, through ``precompile``
 + ``autoparallel_backend``, held to the done-when properties (see ``zoo/README.md``).
 
-One torchtitan model, one HuggingFace model with LayerNorm, the torchvision BatchNorm CNN and
-``torch.nn.TransformerEncoder``, each compiled once per configuration on a 1-rank gloo group;
+One torchtitan model, one HuggingFace model with LayerNorm, a BatchNorm CNN (timm) and
+``torch.nn.TransformerEncoder``, each compiled once with the defaults on a 1-rank gloo group;
 every property is its own test so a report names exactly what fails. A property that fails
 today because of a known package defect is ``xfail(strict=True)`` with the defect as reason:
 the suite is green now and turns red the moment the defect is fixed (then remove the marker).
@@ -48,12 +48,9 @@ from zoo.run import FP32_RTOL, CaseResult, evaluate, numerics_tolerance, run_cas
 
 pytestmark = pytest.mark.slow
 
-#: The fast subset's cases: every FAST model with the defaults, and the full configuration
-#: (AC + bucketing + overlap) on the torchtitan model.
-CASES: tuple[tuple[str, str], ...] = (
-    *((m, "default") for m in FAST),
-    ("tt_llama3", "full"),
-)
+#: The fast subset's cases: every FAST model with the defaults (the AC and AC + bucketing +
+#: overlap configurations run in the whole zoo; here they would double the 3-minute budget).
+CASES: tuple[tuple[str, str], ...] = tuple((m, "default") for m in FAST)
 
 # Why a property fails today (zoo/README.md, "Failures found"), as xfail reasons.
 NORM_FALLBACK = (
@@ -69,20 +66,20 @@ VIEWS_COUNTED = (
     "zoo finding: PartitionReport counts each saved view as its own activation (count and "
     "bytes) while SavedSummary counts storages, so the measures disagree when a view is saved"
 )
-RESNET_FP32 = (
-    "not an ap defect: random-init ResNet-18 is ill-conditioned in fp32; stock Inductor's own "
-    "gap vs eager is the same (grad rel 3.5e-5 > 1e-5)"
+
+BN_FP32 = (
+    "not an ap defect: on this BatchNorm CNN stock Inductor's own gap vs eager is the same "
+    "(grad rel 4.1e-5 > 1e-5, identical with and without the ap backend)"
 )
 
 #: (model, config, property) -> reason, for every property that fails today.
 KNOWN: dict[tuple[str, str, str], str] = {
     ("tt_llama3", "default", "saved_agree"): VIEWS_COUNTED,
-    ("tt_llama3", "full", "saved_agree"): VIEWS_COUNTED,
     ("hf_bert", "default", "no_fallbacks"): NORM_FALLBACK,
     ("hf_bert", "default", "saved_agree"): NORM_FALLBACK_SAVES,
-    ("tv_resnet18", "default", "numerics"): RESNET_FP32,
-    ("tv_resnet18", "default", "no_fallbacks"): NORM_FALLBACK,
-    ("tv_resnet18", "default", "saved_agree"): NORM_FALLBACK_SAVES,
+    ("timm_resnet10t", "default", "numerics"): BN_FP32,
+    ("timm_resnet10t", "default", "no_fallbacks"): NORM_FALLBACK,
+    ("timm_resnet10t", "default", "saved_agree"): NORM_FALLBACK_SAVES,
     ("nn_transformer_encoder", "default", "no_fallbacks"): NORM_FALLBACK,
     ("nn_transformer_encoder", "default", "saved_agree"): f"{NORM_FALLBACK_SAVES}; {VIEWS_COUNTED}",
 }

@@ -1,6 +1,8 @@
 """``zoo/RESULTS.md``: one row per model x configuration, read at a glance.
 
-``python -m zoo.report results.json [--md RESULTS.md]`` re-renders the table from a JSON run.
+``python -m zoo.report results.json [more.json ...] [--md RESULTS.md] [--json merged.json]``
+re-renders the table from JSON runs; with several, a later run's case replaces an earlier one's
+(same model and configuration) and the rows follow the zoo's model order.
 """
 
 from __future__ import annotations
@@ -131,9 +133,12 @@ Parameters are FSDP-style dim-0 shards all-gathered in forward (`zoo/fsdp.py`).
 """
 
 
-def render(results: Sequence[CaseResult], *, command: str = COMMAND, wall_s: float = 0.0) -> str:
+def render(
+    results: Sequence[CaseResult], *, command: str | Sequence[str] = COMMAND, wall_s: float = 0.0
+) -> str:
     import torch
 
+    commands = [command] if isinstance(command, str) else list(command)
     lines = ["# Conformance zoo: results", ""]
     models = sorted({r.model for r in results})
     libs = sorted({r.library.split(" ")[0] for r in results if r.library})
@@ -141,7 +146,8 @@ def render(results: Sequence[CaseResult], *, command: str = COMMAND, wall_s: flo
     ok = [r for r in ap if not evaluate(r).failures()]
     ranks = sorted({r.ranks for r in results})
     lines += [
-        f"Command: `{command}` (wall {wall_s / 60:.1f} min). torch {torch.__version__}, "
+        f"Command: {' + '.join(f'`{c}`' for c in commands)} (wall {wall_s / 60:.1f} min). "
+        f"torch {torch.__version__}, "
         f"Python {platform.python_version()}, {'/'.join(map(str, ranks))} gloo rank(s), "
         f"{results[0].steps if results else 0} SGD steps per case, CPU.",
         "",
@@ -183,13 +189,31 @@ def render(results: Sequence[CaseResult], *, command: str = COMMAND, wall_s: flo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.report")
-    parser.add_argument("json_path")
+    parser.add_argument("json_paths", nargs="+")
     parser.add_argument("--md", default=None, help="write here instead of stdout")
+    parser.add_argument("--json", default=None, help="also write the merged JSON record here")
     args = parser.parse_args(argv)
-    data = json.loads(Path(args.json_path).read_text())
-    results = [CaseResult.from_dict(d) for d in data["cases"]]
+    from zoo.models import MODELS
+    from zoo.run import CONFIGS
+
+    cases: dict[tuple[str, str], dict[str, object]] = {}
+    commands: list[str] = []
+    wall = 0.0
+    for path in args.json_paths:
+        data = json.loads(Path(path).read_text())
+        commands.append(str(data.get("command", COMMAND)))
+        wall += float(data.get("wall_s", 0.0))
+        for case in data["cases"]:
+            cases[(case["model"], case["config"])] = case
+    order = {m: i for i, m in enumerate(MODELS)}
+    keys = sorted(cases, key=lambda k: (order.get(k[0], len(order)), CONFIGS.index(k[1])))
+    results = [CaseResult.from_dict(cases[k]) for k in keys]
     attach_stock_gaps(results)
-    text = render(results, command=data.get("command", COMMAND), wall_s=data.get("wall_s", 0.0))
+    text = render(results, command=commands, wall_s=wall)
+    if args.json:
+        payload = {"command": " + ".join(commands), "wall_s": wall}
+        payload["cases"] = [cases[k] for k in keys]  # type: ignore[assignment]
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
     if args.md:
         Path(args.md).write_text(text)
     else:

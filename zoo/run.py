@@ -52,7 +52,7 @@ AP_CONFIGS: dict[str, dict[str, bool]] = {
     "ac": {"enable_ac": True},
     "full": {"enable_ac": True, "bucketing": True, "overlap_scheduling": True},
 }
-CONFIGS: tuple[str, ...] = (*AP_CONFIGS, "stock")
+CONFIGS: tuple[str, ...] = ("stock", *AP_CONFIGS)
 
 #: fp32 numerics criterion (normwise relative error, see :func:`rel_err`).
 FP32_RTOL = 1e-5
