@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     attach_stock_gaps(results)
     text = render(results, command=commands, wall_s=wall)
     if args.json:
-        payload = {"command": " + ".join(commands), "wall_s": wall}
-        payload["cases"] = [cases[k] for k in keys]  # type: ignore[assignment]
+        payload: dict[str, object] = {"command": " + ".join(commands), "wall_s": wall}
+        payload["cases"] = [cases[k] for k in keys]
         Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
     if args.md:
         Path(args.md).write_text(text)
