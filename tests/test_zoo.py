@@ -1,0 +1,228 @@
+"""The conformance zoo's fast subset: real architectures nobody here wrote, through ``precompile``
++ ``autoparallel_backend``, held to the done-when properties (see ``zoo/README.md``).
+
+One torchtitan model, one HuggingFace model with LayerNorm, a BatchNorm CNN (timm) and
+``torch.nn.TransformerEncoder``, each compiled once with the defaults on a 1-rank gloo group;
+every property is its own test so a report names exactly what fails. A property that fails
+today because of a known package defect is ``xfail(strict=True)`` with the defect as reason:
+the suite is green now and turns red the moment the defect is fixed (then remove the marker).
+The assertions themselves are the done-when properties, unweakened.
+
+The whole zoo: ``nice -n 10 uv run python -m zoo`` (``zoo/README.md``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _import_zoo() -> None:
+    """``zoo`` is a top-level directory of the (unpackaged) workspace root, importable with
+    ``python -m zoo`` from the root; under pytest's importlib mode register it by location."""
+    if "zoo" in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(
+        "zoo", ROOT / "zoo" / "__init__.py", submodule_search_locations=[str(ROOT / "zoo")]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["zoo"] = module
+    spec.loader.exec_module(module)
+
+
+_import_zoo()
+
+from zoo.fsdp import FsdpTrainStep, shard_rows  # noqa: E402
+from zoo.models import BF16, FAST, MODELS  # noqa: E402
+from zoo.report import render  # noqa: E402
+from zoo.run import FP32_RTOL, CaseResult, evaluate, numerics_tolerance, run_case  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: The fast subset's cases: every FAST model with the defaults (the AC and AC + bucketing +
+#: overlap configurations run in the whole zoo; here they would double the 3-minute budget).
+CASES: tuple[tuple[str, str], ...] = tuple((m, "default") for m in FAST)
+
+# Why a property fails today (zoo/README.md, "Failures found"), as xfail reasons.
+NORM_FALLBACK = (
+    "known defect: LayerNorm/BatchNorm models fall back to min-cut (the getitem indices "
+    "recorded on the first compile's native_layer_norm / native_batch_norm are out of range "
+    "for the second compile's var_mean: 'malformed tags')"
+)
+NORM_FALLBACK_SAVES = (
+    "known defect (LayerNorm/BatchNorm fallback): min-cut, not the replay, chose the second "
+    "compile's saved set, so it differs from the first partition"
+)
+VIEWS_COUNTED = (
+    "zoo finding: PartitionReport counts each saved view as its own activation (count and "
+    "bytes) while SavedSummary counts storages, so the measures disagree when a view is saved"
+)
+
+BN_FP32 = (
+    "not an ap defect: on this BatchNorm CNN stock Inductor's own gap vs eager is the same "
+    "(grad rel 4.1e-5 > 1e-5, identical with and without the ap backend)"
+)
+
+#: (model, config, property) -> reason, for every property that fails today.
+KNOWN: dict[tuple[str, str, str], str] = {
+    ("tt_llama3", "default", "saved_agree"): VIEWS_COUNTED,
+    ("hf_bert", "default", "no_fallbacks"): NORM_FALLBACK,
+    ("hf_bert", "default", "saved_agree"): NORM_FALLBACK_SAVES,
+    ("timm_resnet10t", "default", "numerics"): BN_FP32,
+    ("timm_resnet10t", "default", "no_fallbacks"): NORM_FALLBACK,
+    ("timm_resnet10t", "default", "saved_agree"): NORM_FALLBACK_SAVES,
+    ("nn_transformer_encoder", "default", "no_fallbacks"): NORM_FALLBACK,
+    ("nn_transformer_encoder", "default", "saved_agree"): f"{NORM_FALLBACK_SAVES}; {VIEWS_COUNTED}",
+}
+
+_RESULTS: dict[tuple[str, str], CaseResult] = {}
+
+
+@pytest.fixture(scope="module")
+def gloo() -> Iterator[None]:
+    """A 1-rank gloo group for the module (numerics on it are real)."""
+    if dist.is_initialized():
+        pytest.fail("test_zoo: a process group is already initialised by an earlier test")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())  # type: ignore[attr-defined]
+    # One compile thread, as `python -m zoo` runs: on 2 cores a compile-worker pool costs more
+    # than it saves.
+    try:
+        with torch._inductor.config.patch(compile_threads=1):
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _case(model: str, config: str) -> CaseResult:
+    key = (model, config)
+    if key not in _RESULTS:
+        _RESULTS[key] = run_case(model, config, steps=2)
+    res = _RESULTS[key]
+    assert res.error is None, f"{model}/{config} failed at {res.error_stage}: {res.error}"
+    return res
+
+
+def _params(prop: str) -> list[object]:
+    out: list[object] = []
+    for model, config in CASES:
+        if prop == "saveall_bytes_le_first" and config != "default":
+            continue
+        reason = KNOWN.get((model, config, prop))
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        out.append(pytest.param(model, config, marks=marks, id=f"{model}-{config}"))
+    return out
+
+
+# --------------------------------------------------------------------------- done-when properties
+
+
+@pytest.mark.parametrize(("model", "config"), _params("runs"))
+def test_first_compilation_finds_fsdp_chains(gloo: None, model: str, config: str) -> None:
+    res = _case(model, config)
+    assert res.fsdp_chains is not None and res.fsdp_chains > 0
+    assert res.backend_calls >= 1
+
+
+@pytest.mark.parametrize(("model", "config"), _params("numerics"))
+def test_numerics_match_eager(gloo: None, model: str, config: str) -> None:
+    res = _case(model, config)
+    tol = numerics_tolerance(res)
+    assert tol is not None
+    assert res.loss_rel is not None and res.loss_rel <= tol[0], res.loss_rel
+    assert res.grad_rel is not None and res.grad_rel <= tol[1], res.grad_rel
+
+
+@pytest.mark.parametrize(("model", "config"), _params("no_fallbacks"))
+def test_no_partitioner_fallbacks(gloo: None, model: str, config: str) -> None:
+    res = _case(model, config)
+    assert res.reports, "no PartitionReport"
+    reasons = [r.fallback_reason for r in res.reports if r.fell_back]
+    assert not reasons, reasons[0]
+
+
+@pytest.mark.parametrize(("model", "config"), _params("no_all_gather_saved"))
+def test_no_all_gather_output_saved(gloo: None, model: str, config: str) -> None:
+    res = _case(model, config)
+    assert res.all_gather_saved == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("model", "config"), _params("saveall_bytes_le_first"))
+def test_saveall_bytes_at_most_first_partition(gloo: None, model: str, config: str) -> None:
+    res = _case(model, config)
+    assert res.first is not None and res.saved_bytes is not None
+    assert res.saved_bytes <= res.first.nbytes
+
+
+@pytest.mark.parametrize(("model", "config"), _params("saved_agree"))
+def test_saved_measures_agree(gloo: None, model: str, config: str) -> None:
+    res = _case(model, config)
+    assert res.first is not None
+    saved = (res.saved_count, res.saved_bytes)
+    report = (res.report_count, res.report_bytes)
+    if config == "default":
+        assert (res.first.count, res.first.nbytes) == saved == report
+    else:
+        assert saved == report
+
+
+def test_verdict_matches_the_properties(gloo: None) -> None:
+    """``evaluate`` (what RESULTS.md prints) flags exactly the KNOWN failures of the cases this
+    module measured."""
+    for (model, config), res in _RESULTS.items():
+        names = {
+            "numerics": "numerics",
+            "fallbacks": "no_fallbacks",
+            "all-gather saved": "no_all_gather_saved",
+            "SaveAll bytes > first": "saveall_bytes_le_first",
+            "saved measures disagree": "saved_agree",
+        }
+        flagged = {names[f] for f in evaluate(res).failures() if f in names}
+        known = {p for (m, c, p) in KNOWN if (m, c) == (model, config)}
+        assert flagged == known, (model, config, flagged, known)
+    assert "tt_llama3" in render(list(_RESULTS.values()))
+
+
+# --------------------------------------------------------------------------- the zoo itself
+
+
+def test_registry_spans_libraries() -> None:
+    assert len(MODELS) >= 12
+    assert set(FAST) <= set(MODELS) and BF16 <= set(MODELS)
+    prefixes = {name.split("_")[0] for name in MODELS}
+    assert {"tt", "hf", "tv", "timm", "nn"} <= prefixes
+
+
+def test_shard_rows_pads_uneven_dim0() -> None:
+    full = torch.arange(10.0).reshape(5, 2)
+    shards = [shard_rows(full, 2, r) for r in range(2)]
+    assert [s.shape for s, _ in shards] == [torch.Size([3, 2])] * 2
+    assert all(padded == 6 for _, padded in shards)
+    assert torch.equal(torch.cat([s for s, _ in shards])[:5], full)
+    scalar, padded = shard_rows(torch.tensor(3.0), 1, 0)
+    assert scalar.shape == (1,) and padded == 1
+
+
+def test_wrapper_matches_unwrapped_model_in_eager(gloo: None) -> None:
+    """The FSDP wrapper computes the model's own loss and hands the full gradient to the
+    (1-rank) shards."""
+    zm = MODELS["nn_transformer_encoder"](1)
+    step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
+    batch = zm.batches[0]
+    loss = step(*batch)
+    loss.backward()
+    ref = zm.loss_fn(zm.module(batch[0]), batch[1])
+    ref.backward()  # type: ignore[no-untyped-call]
+    torch.testing.assert_close(loss, ref, rtol=FP32_RTOL, atol=0)
+    for fqn, shard in step.named_shards():
+        full = zm.module.get_parameter(fqn)
+        assert shard.grad is not None and full.grad is not None
+        torch.testing.assert_close(shard.grad, full.grad, rtol=FP32_RTOL, atol=1e-7)

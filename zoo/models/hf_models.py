@@ -1,0 +1,261 @@
+"""HuggingFace ``transformers`` 5.x models, built from config objects (never a hub download).
+
+Every model computes its own loss (``labels=``), exactly as a HuggingFace training loop calls
+it; the zoo takes element 0 of the ``return_dict=False`` tuple. Changes made for the zoo, all
+configuration values, none to the model code:
+
+* dropout probabilities are 0 (eager and compiled runs must see the same computation);
+* ``use_cache=False`` (a training step; a cache object would be a model output);
+* token ids that the configs default outside a 256-token vocabulary are set inside it;
+* the attention mask is passed *prepared*: a 4-D boolean mask (``(B, 1, S, S)``, True =
+  attend), which transformers uses as is. With ``input_ids`` alone ``precompile`` fails in the
+  packed-sequence detection, and with the usual 2-D mask it fails in the SDPA causal-skip check
+  (``masking_utils._ignore_causal_mask_sdpa``: ``fast_all(padding_mask)`` calls ``.item()``):
+  transformers' ``is_tracing()`` does not recognise the functional/fake tensors of
+  ``precompile``'s AOT export (no Dynamo there), so both data-dependent checks run and raise
+  ``DataDependentOutputException``. The 4-D mask is the one the model would build itself
+  (causal, or all-ones for BERT's encoder); eager losses are bit-identical to the 2-D call.
+  Mistral keeps the 2-D mask: a prepared mask would bypass its sliding window, and its own
+  mask path skips the failing check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zoo.models._base import BATCH, SEQ, VOCAB, ZooModel, first_output, token_batches
+
+__all__ = ["bert", "gpt2", "llama", "mistral", "mixtral", "phi3", "t5"]
+
+_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+
+def _library() -> str:
+    import transformers
+
+    return f"transformers {transformers.__version__}"
+
+
+def causal_mask_4d() -> torch.Tensor:
+    """The prepared causal mask an HF SDPA model builds: ``(B, 1, S, S)`` bool, True = attend."""
+    return torch.ones(SEQ, SEQ, dtype=torch.bool).tril().expand(BATCH, 1, SEQ, SEQ).contiguous()
+
+
+def full_mask_4d() -> torch.Tensor:
+    """The prepared bidirectional mask without padding: all True."""
+    return torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool)
+
+
+def _causal_batches(steps: int, *, mask_2d: bool) -> list[tuple[torch.Tensor, ...]]:
+    """``(input_ids, attention_mask, position_ids, labels)`` per step; labels = input ids (the
+    model shifts them itself)."""
+    out: list[tuple[torch.Tensor, ...]] = []
+    positions = torch.arange(SEQ).expand(BATCH, SEQ).contiguous()
+    for tokens, _ in token_batches(steps):
+        mask = torch.ones_like(tokens) if mask_2d else causal_mask_4d()
+        out.append((tokens, mask, positions, tokens.clone()))
+    return out
+
+
+def _causal(
+    name: str, config: str, model: torch.nn.Module, steps: int, *, mask_2d: bool = False
+) -> ZooModel:
+    model.train()
+    mask = "2-D attention_mask (all ones)" if mask_2d else "prepared 4-D causal attention_mask"
+    return ZooModel(
+        name=name,
+        library=_library(),
+        config=config,
+        module=model,
+        batches=_causal_batches(steps, mask_2d=mask_2d),
+        n_model_inputs=4,
+        loss_fn=first_output,
+        input_names=("input_ids", "attention_mask", "position_ids", "labels"),
+        model_kwargs={"return_dict": False},
+        notes=[
+            f"called with input_ids, {mask}, position_ids, labels",
+            "loss: the model's own (labels=), return_dict=False, use_cache=False",
+        ],
+    )
+
+
+def _decoder_kwargs(**extra: Any) -> dict[str, Any]:
+    return {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2 * SEQ,
+        "use_cache": False,
+        **_TOKENS,
+        **extra,
+    }
+
+
+def gpt2(steps: int) -> ZooModel:
+    """GPT-2: learned positions, LayerNorm, Conv1D projections, GELU, tied LM head."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=2 * SEQ,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return _causal(
+        "hf_gpt2", "GPT2Config: n_embd 64, 4 heads, 2 layers", hf.GPT2LMHeadModel(cfg), steps
+    )
+
+
+def llama(steps: int) -> ZooModel:
+    """Llama: RMSNorm, GQA, RoPE, SwiGLU."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.LlamaConfig(**_decoder_kwargs())
+    return _causal(
+        "hf_llama",
+        "LlamaConfig: hidden 64, 4 q / 2 kv heads, 2 layers",
+        hf.LlamaForCausalLM(cfg),
+        steps,
+    )
+
+
+def mistral(steps: int) -> ZooModel:
+    """Mistral: Llama-like with a sliding attention window (8 < sequence 16)."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.MistralConfig(**_decoder_kwargs(sliding_window=8))
+    return _causal(
+        "hf_mistral",
+        "MistralConfig: hidden 64, 4 q / 2 kv heads, sliding window 8, 2 layers",
+        hf.MistralForCausalLM(cfg),
+        steps,
+        mask_2d=True,
+    )
+
+
+def mixtral(steps: int) -> ZooModel:
+    """Mixtral: sparse MoE (4 experts, top-2 router) on a Mistral backbone."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.MixtralConfig(**_decoder_kwargs(num_local_experts=4, num_experts_per_tok=2))
+    return _causal(
+        "hf_mixtral",
+        "MixtralConfig: hidden 64, 4 experts top-2, 2 layers",
+        hf.MixtralForCausalLM(cfg),
+        steps,
+    )
+
+
+def phi3(steps: int) -> ZooModel:
+    """Phi-3: fused qkv and gate_up projections, partial RoPE."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.Phi3Config(**_decoder_kwargs(resid_pdrop=0.0, embd_pdrop=0.0))
+    return _causal(
+        "hf_phi3",
+        "Phi3Config: hidden 64, 4 q / 2 kv heads, 2 layers",
+        hf.Phi3ForCausalLM(cfg),
+        steps,
+    )
+
+
+def bert(steps: int) -> ZooModel:
+    """BERT masked LM: LayerNorm, GELU, absolute positions, token types; ~15% of positions
+    carry labels (the rest -100)."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=2 * SEQ,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+    )
+    model = hf.BertForMaskedLM(cfg)
+    model.train()
+    gen = torch.Generator().manual_seed(1)
+    batches: list[tuple[torch.Tensor, ...]] = []
+    for tokens, _ in token_batches(steps):
+        labels = torch.where(torch.rand(tokens.shape, generator=gen) < 0.15, tokens, -100)
+        labels[:, 0] = tokens[:, 0]  # at least one labelled position per row
+        batches.append((tokens, full_mask_4d(), torch.zeros_like(tokens), labels))
+    return ZooModel(
+        name="hf_bert",
+        library=_library(),
+        config="BertConfig: hidden 64, 4 heads, 2 layers (masked LM)",
+        module=model,
+        batches=batches,
+        n_model_inputs=4,
+        loss_fn=first_output,
+        input_names=("input_ids", "attention_mask", "token_type_ids", "labels"),
+        model_kwargs={"return_dict": False},
+        notes=[
+            "called with input_ids, prepared 4-D attention_mask (all True), token_type_ids, "
+            "labels (15% masked-LM)",
+            "loss: the model's own (labels=), return_dict=False",
+        ],
+    )
+
+
+def t5(steps: int) -> ZooModel:
+    """T5 encoder-decoder: RMS-style T5LayerNorm, relative position buckets, cross-attention;
+    the decoder inputs are the labels shifted right by the model itself."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    cfg = hf.T5Config(
+        vocab_size=VOCAB,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        use_cache=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    cfg.decoder_start_token_id = 0  # T5's convention: the pad token starts the decoder
+    model = hf.T5ForConditionalGeneration(cfg)
+    model.train()
+    batches: list[tuple[torch.Tensor, ...]] = []
+    for tokens, targets in token_batches(steps):
+        batches.append((tokens, full_mask_4d(), causal_mask_4d(), targets))
+    return ZooModel(
+        name="hf_t5",
+        library=_library(),
+        config="T5Config: d_model 64, 4 heads, 2+2 layers",
+        module=model,
+        batches=batches,
+        n_model_inputs=4,
+        loss_fn=first_output,
+        input_names=("input_ids", "attention_mask", "decoder_attention_mask", "labels"),
+        model_kwargs={"return_dict": False},
+        notes=[
+            "called with input_ids, prepared 4-D attention_mask (all True) and "
+            "decoder_attention_mask (causal), labels (decoder inputs = shifted labels)",
+            "loss: the model's own (labels=), return_dict=False, use_cache=False",
+        ],
+    )

@@ -1,0 +1,228 @@
+"""torchtitan 0.3.0 decoder models, built with torchtitan's own config builders at tiny sizes.
+
+Each builder mirrors the flavour's ``debugmodel`` config function (same layer builders, same
+initialisers, same RoPE flavour and MoE router settings) with the sizes shrunk. Two changes
+every builder makes, both recommended in ``/work/shared/reference/real_models.md``:
+
+* torchtitan refuses ``attn_backend="sdpa"`` for language models and its flex backend wraps a
+  nested ``torch.compile``; each layer's ``inner_attention`` is therefore torchtitan's own
+  ``ScaledDotProductAttention`` module (causal, no masks), set on the config before building;
+* the RoPE cache is built for the sequence length instead of 4096-131072 positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from zoo.models._base import SEQ, VOCAB, ZooModel, cross_entropy_logits, token_batches
+
+__all__ = ["deepseek_v3", "llama3", "qwen3", "qwen3_moe"]
+
+LIBRARY = "torchtitan 0.3.0"
+_NOTES = [
+    "inner attention: torchtitan ScaledDotProductAttention (causal) on the config",
+    f"RoPE cache shrunk to {SEQ} positions",
+]
+
+
+def _cpu_attention(layers: list[Any]) -> None:
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    for layer in layers:
+        att = layer.attention
+        att.inner_attention = ScaledDotProductAttention.Config()
+        att.rope = dataclasses.replace(att.rope, max_seq_len=SEQ)
+
+
+def _finish(name: str, config: str, cfg: Any, steps: int, *, bf16: bool = False) -> ZooModel:
+    _cpu_attention(cfg.layers)
+    torch.manual_seed(0)
+    model = cfg.build()
+    model.init_states()
+    model.train()
+    return ZooModel(
+        name=name,
+        library=LIBRARY,
+        config=config,
+        module=model,
+        batches=list(token_batches(steps)),
+        n_model_inputs=1,
+        loss_fn=cross_entropy_logits,
+        bf16=bf16,
+        notes=list(_NOTES),
+    )
+
+
+def llama3(steps: int) -> ZooModel:
+    """Llama3 ``debugmodel`` shape (fused QKV, complex RoPE with llama scaling), 2 layers."""
+    import torchtitan.models.llama3 as tt
+    from torchtitan.models.common import (
+        ComplexRoPE,
+        Embedding,
+        Linear,
+        RMSNorm,
+        compute_ffn_hidden_dim,
+    )
+
+    dim, n_heads = 64, 4
+    cfg = tt.Llama3Model.Config(
+        dim=dim,
+        vocab_size=VOCAB,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=VOCAB, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
+        ),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=tt._NORM_INIT),
+        lm_head=Linear.Config(
+            in_features=dim, out_features=VOCAB, param_init=tt._output_linear_init(dim)
+        ),
+        layers=tt._build_llama3_layers(
+            fuse_qkv=True,
+            n_layers=2,
+            dim=dim,
+            n_heads=n_heads,
+            hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=32),
+            rope=ComplexRoPE.Config(
+                dim=dim // n_heads, max_seq_len=SEQ, theta=500000, scaling="llama"
+            ),
+            attn_backend="flex",
+        ),
+    )
+    return _finish(
+        "tt_llama3", f"debugmodel shape: dim {dim}, 4 heads, 2 layers, vocab {VOCAB}", cfg, steps
+    )
+
+
+def qwen3(steps: int) -> ZooModel:
+    """Qwen3 ``debugmodel`` shape (GQA, qk-norm, cos/sin RoPE, tied embeddings), 2 layers."""
+    import torchtitan.models.qwen3 as tt
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+
+    dim, head_dim = 64, 16
+    cfg = tt.Qwen3Model.Config(
+        vocab_size=VOCAB,
+        dim=dim,
+        norm=tt._qwen3_norm(dim),
+        enable_weight_tying=True,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=VOCAB, embedding_dim=dim, param_init=tt._EMBEDDING_SKIP_INIT
+        ),
+        lm_head=Linear.Config(in_features=dim, out_features=VOCAB, param_init=tt._LINEAR_INIT),
+        layers=tt._build_qwen3_layers(
+            fuse_qkv=True,
+            n_layers=2,
+            dim=dim,
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=head_dim,
+            hidden_dim=192,
+            attn_backend="flex",
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=SEQ, theta=1000000.0),
+        ),
+    )
+    return _finish(
+        "tt_qwen3",
+        f"debugmodel shape: dim {dim}, 4 q / 2 kv heads, tied, 2 layers, vocab {VOCAB}",
+        cfg,
+        steps,
+    )
+
+
+def qwen3_moe(steps: int) -> ZooModel:
+    """Qwen3 ``debugmodel_moe`` shape (softmax top-k router, grouped bf16 experts)."""
+    import torchtitan.models.qwen3 as tt
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+
+    dim, head_dim = 64, 16
+    cfg = tt.Qwen3Model.Config(
+        vocab_size=VOCAB,
+        dim=dim,
+        norm=tt._qwen3_norm(dim),
+        tok_embeddings=Embedding.Config(
+            num_embeddings=VOCAB, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
+        ),
+        lm_head=Linear.Config(in_features=dim, out_features=VOCAB, param_init=tt._LINEAR_INIT),
+        layers=tt._build_qwen3_moe_layers(
+            fuse_qkv=True,
+            n_layers=2,
+            dim=dim,
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=head_dim,
+            moe_hidden_dim=32,
+            num_experts=8,
+            top_k=2,
+            attn_backend="flex",
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=SEQ, theta=1000000.0),
+            moe_comm_backend="standard",
+        ),
+    )
+    return _finish(
+        "tt_qwen3_moe",
+        f"debugmodel_moe shape: dim {dim}, 8 experts top-2, 2 layers, vocab {VOCAB}",
+        cfg,
+        steps,
+        bf16=True,
+    )
+
+
+def deepseek_v3(steps: int) -> ZooModel:
+    """DeepSeek-V3 ``debugmodel`` shape: MLA attention, yarn RoPE, one dense layer then one MoE
+    layer (softmax router, shared experts, grouped bf16 experts)."""
+    import torchtitan.models.deepseek_v3 as tt
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+
+    dim, rope_dim = 64, 8
+    layers = tt._build_dsv3_layers(
+        n_layers=2,
+        n_dense_layers=1,
+        dim=dim,
+        n_heads=4,
+        q_lora_rank=0,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=16,
+        mscale=0.70,
+        dense_hidden_dim=128,
+        moe_hidden_dim=32,
+        num_experts=8,
+        num_shared_experts=2,
+        router_top_k=3,
+        router_score_func="softmax",
+        attn_backend="flex",
+        moe_comm_backend="standard",
+        non_blocking_capacity_factor=None,
+        rope=ComplexRoPE.Config(
+            dim=rope_dim,
+            max_seq_len=SEQ,
+            theta=10000.0,
+            scaling="yarn",
+            rope_factor=40.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            original_seq_len=4096,
+        ),
+    )
+    cfg = tt.DeepSeekV3Model.Config(
+        vocab_size=VOCAB,
+        dim=dim,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=VOCAB, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
+        ),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=tt._NORM_INIT),
+        lm_head=Linear.Config(
+            in_features=dim, out_features=VOCAB, param_init=tt._output_linear_init(dim)
+        ),
+        layers=layers,
+    )
+    return _finish(
+        "tt_deepseek_v3",
+        f"debugmodel shape: dim {dim}, MLA, 1 dense + 1 MoE layer (8 experts top-3, "
+        f"2 shared), vocab {VOCAB}",
+        cfg,
+        steps,
+        bf16=True,
+    )

@@ -1,0 +1,495 @@
+"""Run zoo models through ``precompile`` + ``autoparallel_backend`` and measure each case.
+
+One *case* is a model x a configuration:
+
+* ``default``: ``autoparallel_backend()``;
+* ``ac``: ``autoparallel_backend(enable_ac=True)``;
+* ``full``: ``autoparallel_backend(enable_ac=True, bucketing=True, overlap_scheduling=True)``;
+* ``stock``: plain ``torch.compile`` (Inductor) of the *unsharded* model, no first compilation:
+  the reference gap for bf16 models (run automatically for them).
+
+For the three ap configurations a case: builds the model (seeded), wraps it in
+:class:`zoo.fsdp.FsdpTrainStep`, runs ``steps`` eager SGD steps as the reference, restores the
+initial state, runs ``precompile`` and ``torch.compile(..., backend=autoparallel_backend(...))``
+for the same steps, and records numerics, the three saved-activation measures, all-gather
+outputs saved, fallbacks and compile times. Any exception is recorded (type and first line),
+never raised.
+
+``python -m zoo`` (see :mod:`zoo.__main__`) runs each case in its own subprocess; tests call
+:func:`run_case` in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch import nn
+
+from zoo.fsdp import FsdpTrainStep
+from zoo.models import MODELS, ZooModel
+
+__all__ = [
+    "AP_CONFIGS",
+    "CONFIGS",
+    "FP32_RTOL",
+    "GRAD_FLOOR",
+    "CaseResult",
+    "evaluate",
+    "run_case",
+]
+
+#: The backend options of each ap configuration.
+AP_CONFIGS: dict[str, dict[str, bool]] = {
+    "default": {},
+    "ac": {"enable_ac": True},
+    "full": {"enable_ac": True, "bucketing": True, "overlap_scheduling": True},
+}
+CONFIGS: tuple[str, ...] = ("stock", *AP_CONFIGS)
+
+#: fp32 numerics criterion (normwise relative error, see :func:`rel_err`).
+FP32_RTOL = 1e-5
+LR = 1e-2
+
+
+@dataclass
+class Saved:
+    """One saved-activation measure: distinct tensors, bytes, all-gather outputs among them."""
+
+    count: int
+    nbytes: int
+    all_gather: int
+
+
+@dataclass
+class Report:
+    """The fields of one ap-partitioner ``PartitionReport`` the zoo keeps."""
+
+    saved_activation_count: int
+    saved_activation_bytes: int
+    saved_all_gather_count: int
+    fell_back: bool
+    fallback_reason: str | None
+
+
+@dataclass
+class CaseResult:
+    """Everything measured for one model x configuration (``None``: not reached)."""
+
+    model: str
+    config: str
+    library: str = ""
+    model_config: str = ""
+    n_params: int = 0
+    bf16: bool = False
+    ranks: int = 1
+    steps: int = 0
+    # numerics vs eager (normwise relative error, max over steps, shards and ranks)
+    loss_rel: float | None = None
+    grad_rel: float | None = None
+    grad_worst: str = ""
+    losses_eager: list[float] = field(default_factory=list)
+    losses_compiled: list[float] = field(default_factory=list)
+    # FSDP structure of the first compilation
+    n_shards: int = 0
+    fsdp_chains: int | None = None
+    # the three saved measures
+    first: Saved | None = None
+    saveall: list[Saved] = field(default_factory=list)
+    reports: list[Report] = field(default_factory=list)
+    # timings (seconds)
+    eager_s: float | None = None
+    precompile_s: float | None = None
+    backend_s: float | None = None
+    first_step_s: float | None = None
+    backend_calls: int = 0
+    # stock Inductor gap recorded for this model (filled in from its "stock" case)
+    stock_loss_rel: float | None = None
+    stock_grad_rel: float | None = None
+    error: str | None = None
+    error_stage: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> CaseResult:
+        data = dict(data)
+        first = data.pop("first", None)
+        saveall = data.pop("saveall", [])
+        reports = data.pop("reports", [])
+        res = CaseResult(**data)
+        res.first = Saved(**first) if first is not None else None
+        res.saveall = [Saved(**s) for s in saveall]
+        res.reports = [Report(**r) for r in reports]
+        return res
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def fallbacks(self) -> int:
+        return sum(1 for r in self.reports if r.fell_back)
+
+    @property
+    def saved_count(self) -> int | None:
+        return sum(s.count for s in self.saveall) if self.saveall else None
+
+    @property
+    def saved_bytes(self) -> int | None:
+        return sum(s.nbytes for s in self.saveall) if self.saveall else None
+
+    @property
+    def report_count(self) -> int | None:
+        return sum(r.saved_activation_count for r in self.reports) if self.reports else None
+
+    @property
+    def report_bytes(self) -> int | None:
+        return sum(r.saved_activation_bytes for r in self.reports) if self.reports else None
+
+    @property
+    def all_gather_saved(self) -> tuple[int | None, int | None, int | None]:
+        """All-gather outputs saved: (first partition, SaveAll, PartitionReport)."""
+        first = self.first.all_gather if self.first is not None else None
+        saved = sum(s.all_gather for s in self.saveall) if self.saveall else None
+        rep = sum(r.saved_all_gather_count for r in self.reports) if self.reports else None
+        return first, saved, rep
+
+
+# ----------------------------------------------------------------------------------------------
+# numerics
+
+
+#: A gradient tensor whose largest entry is below this fraction of the step's largest gradient
+#: entry is measured against that floor instead of its own scale: its reference is round-off
+#: (e.g. attention key biases, whose gradient is mathematically zero: softmax ignores a
+#: per-row constant). Without the floor, two round-off values compare at "relative error 1.6".
+GRAD_FLOOR = 1e-3
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float:
+    """Normwise relative error ``max|got - ref| / max(max|ref|, floor)``."""
+    got, ref = got.detach().double(), ref.detach().double()
+    if got.shape != ref.shape:
+        return math.inf
+    if ref.numel() == 0:
+        return 0.0
+    scale = max(float(ref.abs().max()), floor, 1e-30)
+    return float((got - ref).abs().max()) / scale
+
+
+def _loss_rel(got: Sequence[float], ref: Sequence[float]) -> float:
+    return max(abs(g - r) / max(abs(r), 1e-12) for g, r in zip(got, ref, strict=True))
+
+
+def _grads_rel(
+    got: list[dict[str, torch.Tensor]], ref: list[dict[str, torch.Tensor]]
+) -> tuple[float, str]:
+    """Worst per-tensor normwise relative error over steps and parameters, each tensor scaled
+    by ``max(max|ref|, GRAD_FLOOR * the step's largest |ref|)``; and where it occurred."""
+    worst, where = 0.0, ""
+    for step, (g_step, r_step) in enumerate(zip(got, ref, strict=True)):
+        if g_step.keys() != r_step.keys():
+            return math.inf, f"step {step + 1}: gradients of different parameters"
+        top = max((float(r.abs().max()) for r in r_step.values() if r.numel()), default=0.0)
+        for name, r in r_step.items():
+            err = rel_err(g_step[name], r, GRAD_FLOOR * top)
+            if err > worst:
+                worst, where = err, f"step {step + 1} {name}"
+    return worst, where
+
+
+def _train(
+    fn: Callable[..., torch.Tensor],
+    params: Sequence[tuple[str, nn.Parameter]],
+    batches: Sequence[tuple[torch.Tensor, ...]],
+    on_first_step: Callable[[float], None] | None = None,
+) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    """``len(batches)`` SGD steps; returns each step's loss and gradients (before the update)."""
+    losses: list[float] = []
+    grads: list[dict[str, torch.Tensor]] = []
+    for step, batch in enumerate(batches):
+        start = time.perf_counter()
+        loss = fn(*batch)
+        loss.backward()  # type: ignore[no-untyped-call]
+        if step == 0 and on_first_step is not None:
+            on_first_step(time.perf_counter() - start)
+        losses.append(float(loss.detach()))
+        step_grads: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, p in params:
+                if p.grad is not None:
+                    step_grads[name] = p.grad.detach().clone()
+                    p.sub_(LR * p.grad)
+                    p.grad = None
+        grads.append(step_grads)
+    return losses, grads
+
+
+class _State:
+    """A copy of a module's parameters and buffers, restorable in place."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._module = module
+        self._tensors = {
+            name: t.detach().clone()
+            for name, t in [*module.named_parameters(), *module.named_buffers()]
+        }
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for name, t in [*self._module.named_parameters(), *self._module.named_buffers()]:
+                t.copy_(self._tensors[name])
+                if isinstance(t, nn.Parameter):
+                    t.grad = None
+
+
+def _rank_batches(zm: ZooModel, rank: int) -> list[tuple[torch.Tensor, ...]]:
+    """Data parallel: each rank sees the steps' batches in a rotated order."""
+    n = len(zm.batches)
+    return [zm.batches[(i + rank) % n] for i in range(n)]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}"[:400]
+
+
+# ----------------------------------------------------------------------------------------------
+# one case
+
+
+class _LossModule(nn.Module):
+    """The unsharded model and its loss as one module (the stock-Inductor reference)."""
+
+    def __init__(self, zm: ZooModel) -> None:
+        super().__init__()
+        self.model = zm.module
+        self._zm = zm
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        zm = self._zm
+        args = tuple(inputs[: zm.n_model_inputs])
+        kwargs = dict(zm.model_kwargs)
+        if zm.input_names is not None:
+            kwargs.update(zip(zm.input_names, args, strict=True))
+            args = ()
+        return zm.loss_fn(self.model(*args, **kwargs), *inputs[zm.n_model_inputs :])
+
+
+def _saved(summary: Any) -> Saved:
+    return Saved(
+        count=int(summary.count),
+        nbytes=int(summary.nbytes),
+        all_gather=len(summary.all_gather_outputs),
+    )
+
+
+def _report(rep: Any) -> Report:
+    return Report(
+        saved_activation_count=int(rep.saved_activation_count),
+        saved_activation_bytes=int(rep.saved_activation_bytes),
+        saved_all_gather_count=int(rep.saved_all_gather_count),
+        fell_back=bool(rep.fell_back),
+        fallback_reason=rep.fallback_reason,
+    )
+
+
+def _describe(res: CaseResult, zm: ZooModel, steps: int, ranks: int) -> None:
+    res.library = zm.library
+    res.model_config = zm.config
+    res.n_params = zm.n_params
+    res.bf16 = zm.bf16
+    res.steps = steps
+    res.ranks = ranks
+    res.notes = list(zm.notes)
+
+
+def _run_stock(res: CaseResult, zm: ZooModel, stage: list[str]) -> None:
+    module = _LossModule(zm)
+    params = list(module.named_parameters())
+    state = _State(module)
+    stage[0] = "eager"
+    start = time.perf_counter()
+    ref_losses, ref_grads = _train(module, params, zm.batches)
+    res.eager_s = time.perf_counter() - start
+    state.restore()
+    stage[0] = "stock torch.compile"
+    compiled = torch.compile(module)
+
+    def first_step(seconds: float) -> None:
+        res.first_step_s = seconds
+
+    losses, grads = _train(compiled, params, zm.batches, first_step)
+    res.losses_eager, res.losses_compiled = ref_losses, losses
+    res.loss_rel = _loss_rel(losses, ref_losses)
+    res.grad_rel, res.grad_worst = _grads_rel(grads, ref_grads)
+    res.stock_loss_rel, res.stock_grad_rel = res.loss_rel, res.grad_rel
+
+
+def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[str]) -> None:
+    from ap_backend import autoparallel_backend, precompile
+
+    step = FsdpTrainStep(
+        zm.module,
+        zm.loss_fn,
+        n_model_inputs=zm.n_model_inputs,
+        model_kwargs=zm.model_kwargs,
+        input_names=zm.input_names,
+    )
+    shards = step.named_shards()
+    params = [(name, p) for name, p in shards if isinstance(p, nn.Parameter)]
+    res.n_shards = len(params)
+    batches = _rank_batches(zm, rank)
+    state = _State(step)
+
+    stage[0] = "eager"
+    start = time.perf_counter()
+    ref_losses, ref_grads = _train(step, params, batches)
+    res.eager_s = time.perf_counter() - start
+    state.restore()
+    res.losses_eager = ref_losses
+
+    stage[0] = "precompile"
+    start = time.perf_counter()
+    pm = precompile(step, batches[0])
+    res.precompile_s = time.perf_counter() - start
+    state.restore()
+    res.fsdp_chains = int(pm.fsdp_report.chains_found)
+    res.first = _saved(pm.first_partition)
+
+    stage[0] = "torch.compile(backend=autoparallel_backend)"
+    backend = autoparallel_backend(**AP_CONFIGS[config])  # type: ignore[arg-type]
+    compiled = torch.compile(pm, backend=backend)
+
+    def first_step(seconds: float) -> None:
+        res.first_step_s = seconds
+
+    try:
+        losses, grads = _train(compiled, params, batches, first_step)
+    finally:
+        res.saveall = [_saved(s) for s in backend.saved]
+        res.reports = [_report(r) for r in backend.partition_reports]
+        res.backend_s = sum(backend.compile_seconds) if backend.compile_seconds else None
+        res.backend_calls = len(backend.compile_seconds)
+    res.losses_compiled = losses
+    res.loss_rel = _loss_rel(losses, ref_losses)
+    res.grad_rel, res.grad_worst = _grads_rel(grads, ref_grads)
+
+
+def run_case(
+    model: str, config: str, *, steps: int = 2, rank: int = 0, ranks: int = 1
+) -> CaseResult:
+    """Run one case in this process (torch.distributed must be initialised for the ap
+    configurations). Never raises for a model or backend failure: see ``CaseResult.error``."""
+    if model not in MODELS:
+        raise ValueError(f"run_case: unknown model {model!r}; known: {', '.join(MODELS)}")
+    if config not in CONFIGS:
+        raise ValueError(f"run_case: unknown config {config!r}; known: {', '.join(CONFIGS)}")
+    res = CaseResult(model=model, config=config)
+    stage = ["build"]  # where the case is, for the error record
+    torch._dynamo.reset()
+    try:
+        zm = MODELS[model](steps)
+        _describe(res, zm, steps, ranks)
+        if config == "stock":
+            _run_stock(res, zm, stage)
+        else:
+            _run_ap(res, zm, config, rank, stage)
+    except Exception as exc:  # noqa: BLE001 - the zoo records every failure and goes on
+        res.error = _first_line(exc)
+        res.error_stage = stage[0]
+        res.notes.append("traceback tail: " + " | ".join(_tb_tail(exc)))
+    finally:
+        torch._dynamo.reset()
+    return res
+
+
+def _tb_tail(exc: BaseException, n: int = 2) -> list[str]:
+    """The innermost ``n`` frames outside torch (the model or ap code that got there) and the
+    innermost frame of all, as ``path:line function``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+
+    def where(f: traceback.FrameSummary) -> str:
+        return f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+
+    outside = [f for f in frames if "site-packages/torch/" not in f.filename][-n:]
+    tail = [where(f) for f in outside]
+    if frames and (not outside or frames[-1] is not outside[-1]):
+        tail.append(where(frames[-1]))
+    return tail
+
+
+# ----------------------------------------------------------------------------------------------
+# the done-when properties
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Each done-when property of one case: ``True`` holds, ``False`` fails, ``None`` not
+    measurable (the case failed earlier, or the property does not apply)."""
+
+    numerics: bool | None
+    no_fallbacks: bool | None
+    no_all_gather_saved: bool | None
+    saveall_bytes_le_first: bool | None
+    saved_agree: bool | None
+    error: bool
+
+    def failures(self) -> list[str]:
+        names = {
+            "numerics": self.numerics,
+            "fallbacks": self.no_fallbacks,
+            "all-gather saved": self.no_all_gather_saved,
+            "SaveAll bytes > first": self.saveall_bytes_le_first,
+            "saved measures disagree": self.saved_agree,
+        }
+        out = ["error"] if self.error else []
+        return out + [k for k, v in names.items() if v is False]
+
+
+def numerics_tolerance(res: CaseResult) -> tuple[float, float] | None:
+    """(loss, grad) tolerance: fp32 rtol, or for bf16 models stock Inductor's own gap (never
+    below the fp32 rtol). ``None`` when a bf16 model's stock gap is unknown."""
+    if not res.bf16:
+        return FP32_RTOL, FP32_RTOL
+    if res.stock_loss_rel is None or res.stock_grad_rel is None:
+        return None
+    return max(res.stock_loss_rel, FP32_RTOL), max(res.stock_grad_rel, FP32_RTOL)
+
+
+def evaluate(res: CaseResult) -> Verdict:
+    """The done-when properties of one ap case."""
+    tol = numerics_tolerance(res)
+    numerics: bool | None = None
+    if res.loss_rel is not None and res.grad_rel is not None and tol is not None:
+        numerics = res.loss_rel <= tol[0] and res.grad_rel <= tol[1]
+    no_fallbacks = (res.fallbacks == 0) if res.reports else None
+    ag = res.all_gather_saved
+    no_ag = None if any(a is None for a in ag) else all(a == 0 for a in ag)
+    le_first: bool | None = None
+    agree: bool | None = None
+    if res.first is not None and res.saveall and res.reports:
+        saved_pair = (res.saved_count, res.saved_bytes)
+        report_pair = (res.report_count, res.report_bytes)
+        first_pair = (res.first.count, res.first.nbytes)
+        if res.config == "default":
+            le_first = (res.saved_bytes or 0) <= res.first.nbytes
+            agree = first_pair == saved_pair == report_pair
+        else:  # AC may add stage-boundary saves: the same partition must still agree
+            agree = saved_pair == report_pair
+    return Verdict(
+        numerics=numerics,
+        no_fallbacks=no_fallbacks,
+        no_all_gather_saved=no_ag,
+        saveall_bytes_le_first=le_first,
+        saved_agree=agree,
+        error=res.error is not None,
+    )
