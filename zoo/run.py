@@ -441,6 +441,7 @@ class Verdict:
     no_all_gather_saved: bool | None
     saveall_bytes_le_first: bool | None
     saved_agree: bool | None
+    replay_exact: bool | None
     error: bool
 
     def failures(self) -> list[str]:
@@ -450,6 +451,7 @@ class Verdict:
             "all-gather saved": self.no_all_gather_saved,
             "SaveAll bytes > first": self.saveall_bytes_le_first,
             "saved measures disagree": self.saved_agree,
+            "replay differs from first": self.replay_exact,
         }
         out = ["error"] if self.error else []
         return out + [k for k, v in names.items() if v is False]
@@ -476,20 +478,22 @@ def evaluate(res: CaseResult) -> Verdict:
     no_ag = None if any(a is None for a in ag) else all(a == 0 for a in ag)
     le_first: bool | None = None
     agree: bool | None = None
+    exact: bool | None = None
     if res.first is not None and res.saveall and res.reports:
         saved_pair = (res.saved_count, res.saved_bytes)
         report_pair = (res.report_count, res.report_bytes)
-        first_pair = (res.first.count, res.first.nbytes)
-        if res.config == "default":
+        # one definition of "saved": the backend's summary and the partitioner's report of
+        # the same partition count the same storages
+        agree = saved_pair == report_pair
+        if res.config == "default":  # AC may add stage-boundary saves to the replay
             le_first = (res.saved_bytes or 0) <= res.first.nbytes
-            agree = first_pair == saved_pair == report_pair
-        else:  # AC may add stage-boundary saves: the same partition must still agree
-            agree = saved_pair == report_pair
+            exact = (res.first.count, res.first.nbytes) == saved_pair
     return Verdict(
         numerics=numerics,
         no_fallbacks=no_fallbacks,
         no_all_gather_saved=no_ag,
         saveall_bytes_le_first=le_first,
         saved_agree=agree,
+        replay_exact=exact,
         error=res.error is not None,
     )
