@@ -14,6 +14,8 @@
   the ``ap-backend demo`` table (the console script is :mod:`ap_backend.cli`).
 """
 
+from importlib.metadata import version as _distribution_version
+
 from ap_tags.graph import is_all_gather_output
 
 from ap_backend._backend import AutoParallelBackend, autoparallel_backend
@@ -22,7 +24,7 @@ from ap_backend._measure import measure_saved
 from ap_backend._precompile import PrecompiledModule, precompile
 from ap_backend._saved import SavedSummary
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-backend")
 
 __all__ = [
     "TESTED_TORCH",

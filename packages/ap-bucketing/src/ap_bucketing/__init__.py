@@ -6,6 +6,8 @@ bucket a graph yourself, or ``OverlapBucketingPass`` / ``overlap_config_patches`
 pre-bucketing + overlap scheduling through Inductor's ``post_grad_custom_post_pass``.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._config import BucketingConfig
 from ._greedy import bucket_collectives
@@ -26,7 +28,7 @@ from ._stats import (
     remove_stats_observer,
 )
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-bucketing")
 
 __all__ = [
     "TESTED_TORCH",

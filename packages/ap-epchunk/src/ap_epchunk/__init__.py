@@ -11,6 +11,8 @@ metadata the pass reads.
 installed torch lacks an internal the package needs.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._concretize import ConcretizeReport, concretize_chunk_symbols
 from ._config import ChunkConfig, ChunkReport, RegionSummary
@@ -20,7 +22,7 @@ from ._marking import mark_chunk_dim
 from ._passes import chunk_pass
 from ._tracing import trace_joint
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-epchunk")
 
 __all__ = [
     "ChunkConfig",

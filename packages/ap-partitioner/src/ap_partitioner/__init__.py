@@ -5,6 +5,8 @@ package touches is behind ``ap_partitioner._compat``; ``TESTED_TORCH`` lists the
 it is tested on and :class:`UnsupportedTorchError` names an internal a torch lacks.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from ap_tags.graph import is_all_gather_output
 
 from ap_partitioner._compat import TESTED_TORCH, UnsupportedTorchError
@@ -18,7 +20,7 @@ from ap_partitioner._partitioner import (
 from ap_partitioner._report import PartitionReport
 from ap_partitioner._rules import SavePlan, plan_saves
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-partitioner")
 
 __all__ = [
     "TESTED_TORCH",

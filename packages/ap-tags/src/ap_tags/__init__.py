@@ -18,6 +18,8 @@ Public submodules shared by every ap package that depends on ap-tags:
 
 from __future__ import annotations
 
+from importlib.metadata import version as _distribution_version
+
 from . import checks, graph, scoped, torch_support
 from ._ac_stages import (
     AcJointPass,
@@ -58,7 +60,7 @@ from ._recomputed import release_recomputed_saves
 from ._saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
 from ._validate import node_tag_problems, validate_tags
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-tags")
 
 __all__ = [
     "AC_GRAPH_ID",
