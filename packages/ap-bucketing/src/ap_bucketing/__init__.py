@@ -9,6 +9,7 @@ pre-bucketing + overlap scheduling through Inductor's ``post_grad_custom_post_pa
 from importlib.metadata import version as _distribution_version
 
 from ._compat import TESTED_TORCH, UnsupportedTorchError
+from ._compat import warn_if_untested as _warn_if_untested
 from ._config import BucketingConfig
 from ._greedy import bucket_collectives
 from ._groups import primary_fsdp_groups
@@ -29,6 +30,7 @@ from ._stats import (
 )
 
 __version__: str = _distribution_version("ap-bucketing")
+_warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
 
 __all__ = [
     "TESTED_TORCH",

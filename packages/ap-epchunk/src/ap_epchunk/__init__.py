@@ -13,6 +13,7 @@ installed torch lacks an internal the package needs.
 
 from importlib.metadata import version as _distribution_version
 
+from ._compat import SUPPORT as _TORCH_SUPPORT
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._concretize import ConcretizeReport, concretize_chunk_symbols
 from ._config import ChunkConfig, ChunkReport, RegionSummary
@@ -23,6 +24,7 @@ from ._passes import chunk_pass
 from ._tracing import trace_joint
 
 __version__: str = _distribution_version("ap-epchunk")
+_TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
 
 __all__ = [
     "ChunkConfig",
