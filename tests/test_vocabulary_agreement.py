@@ -8,7 +8,8 @@ the few concepts it needs (``docs/architecture.md``, "Shared vocabulary and conv
   ``ap_tags.graph.is_reduce_scatter``;
 * hint-safe sizes (``_sizes.hint_int``, ``_sizes.collective_bytes``) vs
   ``ap_tags.graph.size_hint`` / ``tensor_nbytes``;
-* ``UnsupportedTorchError`` and ``TESTED_TORCH`` vs ``ap_tags.torch_support``;
+* ``UnsupportedTorchError``, ``TESTED_TORCH`` and the newer-torch warning
+  (``_compat.untested_message`` / ``warn_if_untested``) vs ``ap_tags.torch_support``;
 * argument-check messages (``_checks``) vs ``ap_tags.checks``.
 
 Each test compares both sides on the same input, so a change to either side that makes them
@@ -17,6 +18,7 @@ disagree fails here.
 
 from __future__ import annotations
 
+import logging
 import math
 import subprocess
 import sys
@@ -182,6 +184,44 @@ def test_unsupported_torch_error_has_the_convention_shape() -> None:
         torch_support.UnsupportedTorchError("ap-bucketing", "torch.no_such_internal", tested)
     )
     assert ap_bucketing.TESTED_TORCH == ap_tags.TESTED_TORCH
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "2.16.0.dev20261101",
+        "2.16.0.dev20261101+cpu",
+        "2.16.0",
+        "3.0.0",
+        "2.15.0",
+        "2.15.1",
+        "2.14.1",
+        "2.13.0a0+git",
+        "2.12.0",
+        "unknown",
+        "",
+    ],
+)
+@pytest.mark.parametrize("tested", [ap_bucketing.TESTED_TORCH, ("2.13.0",), ("2.13.0", "x")])
+def test_newer_torch_warning_agrees(version: str, tested: tuple[str, ...]) -> None:
+    ours = _compat.untested_message("ap-bucketing", tested, version)
+    assert ours == torch_support.untested_message("ap-bucketing", tested, version)
+
+
+def test_newer_torch_warning_is_logged_once_like_the_convention(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.16.0.dev20261101")
+    monkeypatch.setattr(_compat, "_WARNED", set())
+    monkeypatch.setattr(torch_support, "_WARNED", set())
+    convention = torch_support.TorchSupport(
+        "ap-bucketing", ap_bucketing.TESTED_TORCH, torch_support.UnsupportedTorchError
+    )
+    with caplog.at_level(logging.WARNING, logger="ap_bucketing"):
+        assert _compat.warn_if_untested() is True and _compat.warn_if_untested() is False
+        assert convention.warn_if_untested() is True and convention.warn_if_untested() is False
+    ours, theirs = (r for r in caplog.records if r.name == "ap_bucketing")
+    assert ours.getMessage() == theirs.getMessage() and ours.levelno == theirs.levelno
 
 
 def test_ap_bucketing_imports_no_sibling_package() -> None:

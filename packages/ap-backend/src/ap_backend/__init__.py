@@ -14,15 +14,19 @@
   the ``ap-backend demo`` table (the console script is :mod:`ap_backend.cli`).
 """
 
+from importlib.metadata import version as _distribution_version
+
 from ap_tags.graph import is_all_gather_output
 
 from ap_backend._backend import AutoParallelBackend, autoparallel_backend
+from ap_backend._compat import SUPPORT as _TORCH_SUPPORT
 from ap_backend._compat import TESTED_TORCH, UnsupportedTorchError
 from ap_backend._measure import measure_saved
 from ap_backend._precompile import PrecompiledModule, precompile
 from ap_backend._saved import SavedSummary
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-backend")
+_TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
 
 __all__ = [
     "TESTED_TORCH",

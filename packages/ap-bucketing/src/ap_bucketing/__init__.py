@@ -6,7 +6,10 @@ bucket a graph yourself, or ``OverlapBucketingPass`` / ``overlap_config_patches`
 pre-bucketing + overlap scheduling through Inductor's ``post_grad_custom_post_pass``.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from ._compat import TESTED_TORCH, UnsupportedTorchError
+from ._compat import warn_if_untested as _warn_if_untested
 from ._config import BucketingConfig
 from ._greedy import bucket_collectives
 from ._groups import primary_fsdp_groups
@@ -26,7 +29,8 @@ from ._stats import (
     remove_stats_observer,
 )
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-bucketing")
+_warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
 
 __all__ = [
     "TESTED_TORCH",

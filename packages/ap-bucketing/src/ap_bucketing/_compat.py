@@ -5,12 +5,16 @@ ap-bucketing depends on torch only, so this module follows the workspace's compa
 tested versions are written once (``TESTED_TORCH``), a missing internal raises this package's
 ``UnsupportedTorchError`` naming it, and whether an internal is usable is decided by looking it
 up, never by comparing version strings. The error's constructor, attributes and message are the
-convention's; a cross-package test holds the two to the same message.
+convention's; a cross-package test holds the two to the same message. So is the one warning
+``import ap_bucketing`` logs on a torch newer than every tested version (``warn_if_untested``).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import re
+import threading
 from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,6 +56,40 @@ class UnsupportedTorchError(RuntimeError):
 def missing(internal: str) -> UnsupportedTorchError:
     """This package's error for a missing ``internal`` (raise it)."""
     return UnsupportedTorchError(PACKAGE, internal, TESTED_TORCH)
+
+
+def _series(version: str) -> tuple[int, ...]:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return tuple(map(int, found.groups())) if found else ()
+
+
+def untested_message(package: str, tested: tuple[str, ...], version: str) -> str | None:
+    """The convention's newer-torch warning: only when ``version``'s major.minor is newer than
+    every tested one (a nightly of the next release, not a patch release of a tested one)."""
+    current = _series(version)
+    if not current or any(current <= _series(v) for v in tested):
+        return None
+    return (
+        f"{package} is tested on torch {', '.join(tested)}; torch {version} is newer. A torch "
+        f"internal {package} needs that is missing or changed raises its UnsupportedTorchError "
+        "naming the internal"
+    )
+
+
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_if_untested() -> bool:
+    """Log :func:`untested_message` once per process on the ``ap_bucketing`` logger; True when
+    it logged now. A version compare decides this warning only, never a feature."""
+    message = untested_message(PACKAGE, TESTED_TORCH, str(torch.__version__))
+    with _WARNED_LOCK:
+        if message is None or PACKAGE in _WARNED:
+            return False
+        _WARNED.add(PACKAGE)
+    logging.getLogger("ap_bucketing").warning(message)
+    return True
 
 
 def module(name: str) -> ModuleType:

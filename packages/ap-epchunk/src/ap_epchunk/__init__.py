@@ -11,6 +11,9 @@ metadata the pass reads.
 installed torch lacks an internal the package needs.
 """
 
+from importlib.metadata import version as _distribution_version
+
+from ._compat import SUPPORT as _TORCH_SUPPORT
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._concretize import ConcretizeReport, concretize_chunk_symbols
 from ._config import ChunkConfig, ChunkReport, RegionSummary
@@ -20,7 +23,8 @@ from ._marking import mark_chunk_dim
 from ._passes import chunk_pass
 from ._tracing import trace_joint
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-epchunk")
+_TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
 
 __all__ = [
     "ChunkConfig",

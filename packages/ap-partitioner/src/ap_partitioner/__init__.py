@@ -5,8 +5,11 @@ package touches is behind ``ap_partitioner._compat``; ``TESTED_TORCH`` lists the
 it is tested on and :class:`UnsupportedTorchError` names an internal a torch lacks.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from ap_tags.graph import is_all_gather_output
 
+from ap_partitioner._compat import SUPPORT as _TORCH_SUPPORT
 from ap_partitioner._compat import TESTED_TORCH, UnsupportedTorchError
 from ap_partitioner._dce import wait_tensor_dce
 from ap_partitioner._partitioner import (
@@ -18,7 +21,8 @@ from ap_partitioner._partitioner import (
 from ap_partitioner._report import PartitionReport
 from ap_partitioner._rules import SavePlan, plan_saves
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-partitioner")
+_TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
 
 __all__ = [
     "TESTED_TORCH",

@@ -67,14 +67,32 @@ def source_files() -> list[Path]:
     return sorted(Path(__file__).parent.glob("*.py"))
 
 
+def _files_hash(root: Path, paths: Sequence[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 @functools.cache
 def source_hash() -> str:
     """sha256 over this package's own source files: any code change changes every uuid."""
-    digest = hashlib.sha256()
-    for path in source_files():
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return _files_hash(Path(__file__).parent, source_files())
+
+
+@functools.cache
+def ap_tags_source_hash() -> str:
+    """sha256 over ap-tags' source files: the save rules call its accessors, tag keys and graph
+    vocabulary, so its code decides the partition as much as this package's does."""
+    root = Path(ap_tags.__file__).parent
+    return _files_hash(root, sorted(root.rglob("*.py")))
+
+
+def dependencies_key() -> str:
+    """The other packages whose code decides the partition, by version and source hash (an
+    ap-tags edited in place keeps its version): ``ap-tags==0.1.0:<sha256>``."""
+    return f"ap-tags=={ap_tags.__version__}:{ap_tags_source_hash()}"
 
 
 def _min_cut(joint: fx.GraphModule, call: PartitionCall) -> Partition:
@@ -148,13 +166,15 @@ class SaveAllPartitioner(_ReportingPartitioner):
         self.dce_unused_waits = require_bool(dce_unused_waits, where=owner, arg="dce_unused_waits")
 
     def uuid(self) -> str:
-        """Changes with this package's code and with every option that changes the output.
+        """Changes with this package's code, with ap-tags' version and code (the rules read the
+        tags through it: :func:`dependencies_key`) and with every option that changes the output.
 
         A ``None`` uuid would not bypass Inductor's caches: with a warm cache the partitioner
         would be silently skipped. ``on_report`` is an observer and is not part of the key.
         """
         opts = f"strict={self.strict};dce_unused_waits={self.dce_unused_waits}"
-        return hashlib.sha256(f"{self.name};{source_hash()};{opts}".encode()).hexdigest()
+        key = f"{self.name};{source_hash()};{dependencies_key()};{opts}"
+        return hashlib.sha256(key.encode()).hexdigest()
 
     def _run(self, call: PartitionCall) -> Outcome:
         scope = wait_tensor_dce() if self.dce_unused_waits else contextlib.nullcontext()

@@ -18,6 +18,8 @@ Public submodules shared by every ap package that depends on ap-tags:
 
 from __future__ import annotations
 
+from importlib.metadata import version as _distribution_version
+
 from . import checks, graph, scoped, torch_support
 from ._ac_stages import (
     AcJointPass,
@@ -36,6 +38,7 @@ from ._accessors import (
     recompute_policy,
     set_recompute,
 )
+from ._compat import SUPPORT as _TORCH_SUPPORT
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._compiler import InterpretedGraph, preserve_meta_compiler
 from ._errors import TagError, TagSchemaError
@@ -61,7 +64,8 @@ from ._replay import ReplayedSaves, replayed_saves
 from ._saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
 from ._validate import node_tag_problems, validate_tags
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("ap-tags")
+_TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
 
 __all__ = [
     "AC_GRAPH_ID",

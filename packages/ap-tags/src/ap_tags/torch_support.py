@@ -14,6 +14,11 @@ at call time, never at import time. Whether an internal is usable is decided by 
 detection, never by comparing version strings; a missing one raises that package's
 ``UnsupportedTorchError`` naming the internal and the tested versions.
 
+The package's ``__init__`` calls ``SUPPORT.warn_if_untested()``: on a torch of a newer release
+series than every tested version (a nightly included) it logs one warning per process naming
+the tested versions. That comparison only decides the warning, never a feature; the package's
+torch requirement has no upper bound, so a nightly installs and runs.
+
 ap-bucketing depends on torch only: its ``_compat`` follows the same convention with its own
 small copy of the error type, and a cross-package test holds the two to the same message.
 """
@@ -21,12 +26,15 @@ small copy of the error type, and a cross-package test holds the two to the same
 from __future__ import annotations
 
 import importlib
+import logging
+import re
+import threading
 from types import ModuleType
 from typing import Any
 
 import torch
 
-__all__ = ["TorchSupport", "UnsupportedTorchError", "describe_tested"]
+__all__ = ["TorchSupport", "UnsupportedTorchError", "describe_tested", "untested_message"]
 
 
 def describe_tested(tested: tuple[str, ...]) -> str:
@@ -86,3 +94,40 @@ class TorchSupport:
         if missing:
             raise self.missing(", ".join(f"{module_name}.{n}" for n in missing))
         return mod
+
+    def warn_if_untested(self) -> bool:
+        """Log :func:`untested_message` once per process, as a WARNING of the package's logger
+        (``ap-epchunk`` logs to ``ap_epchunk``); True when it logged now. Changes nothing in
+        torch."""
+        message = untested_message(self.package, self.tested, str(torch.__version__))
+        with _WARNED_LOCK:
+            if message is None or self.package in _WARNED:
+                return False
+            _WARNED.add(self.package)
+        logging.getLogger(self.package.replace("-", "_")).warning(message)
+        return True
+
+
+#: Packages that have logged :func:`untested_message` in this process.
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _series(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string (``"2.16.0.dev20261101+cpu"`` -> ``(2, 16)``)."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return None if found is None else (int(found[1]), int(found[2]))
+
+
+def untested_message(package: str, tested: tuple[str, ...], version: str) -> str | None:
+    """The warning for torch ``version`` when its release series (major.minor) is newer than
+    every tested one -- ``2.16.0.dev20261101`` against ``2.15.0`` -- else None (a patch release
+    of a tested series, an older torch, an unparsable version)."""
+    current = _series(version)
+    if current is None or any(current <= s for s in map(_series, tested) if s is not None):
+        return None
+    return (
+        f"{package} is tested on torch {describe_tested(tested)}; torch {version} is newer. "
+        f"A torch internal {package} needs that is missing or changed raises its "
+        f"UnsupportedTorchError naming the internal"
+    )

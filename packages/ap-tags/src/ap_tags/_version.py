@@ -1,0 +1,8 @@
+"""The version of ap-tags, written here and nowhere else.
+
+hatch reads it into the distribution's metadata (``[tool.hatch.version]`` in pyproject.toml);
+``ap_tags.__version__`` reads it back from the installed metadata. Bump it together with a
+``CHANGELOG.md`` section (RELEASING.md).
+"""
+
+__version__ = "0.1.0"
