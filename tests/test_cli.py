@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ap_backend.cli", *args],
         capture_output=True,
