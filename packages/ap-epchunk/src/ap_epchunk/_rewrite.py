@@ -24,7 +24,6 @@ from ap_tags import (
     TAG_SCHEMA,
     TAG_SCHEMA_VERSION,
 )
-
 from ap_tags.graph import is_collective, is_wait
 
 from ._compat import fresh_unbacked_like, shape_env_of

@@ -559,30 +559,37 @@ class StaticShapes(ChunkShapes):
         return True
 
     def _unify_scatter(self, node: torch.fx.Node) -> None:
-        """``scatter(self, dim, index, src)`` (and the gather/scatter family) with a full-size
-        ``self`` made by a creation op and an ``index`` carrying the chunk dim at the same
-        position: the per-chunk ``self`` must be chunk-sized too (``zeros_like(x)`` followed by
-        ``scatter_add``), although the full-size op does not fail."""
+        """``scatter(self, dim, index, src)``, ``slice_scatter(self, src, ...)`` and the rest of
+        the scatter family with a full-size ``self`` made by a creation op and an ``index`` /
+        ``src`` carrying the chunk dim at a position where their full sizes agree: the
+        per-chunk ``self`` must be chunk-sized too (``zeros_like(x)`` followed by
+        ``scatter_add``; the backward of a slice), although the full-size op does not fail."""
         schema = getattr(node.target, "_schema", None)
         if schema is None:
             return
         names = [a.name for a in schema.arguments]
-        if "self" not in names or "index" not in names:
+        if "self" not in names:
             return
         bound = dict(zip(names, node.args, strict=False))
         bound.update(node.kwargs)
-        target, index = bound.get("self"), bound.get("index")
-        if not isinstance(target, torch.fx.Node) or not isinstance(index, torch.fx.Node):
+        target = bound.get("self")
+        if not isinstance(target, torch.fx.Node) or self.dim(target) is not None:
             return
-        c = self.dim(index)
-        if not isinstance(c, int) or self.dim(target) is not None:
+        full_t = target.meta.get("val")
+        if not isinstance(full_t, torch.Tensor):
             return
-        full_t, full_i = target.meta.get("val"), index.meta.get("val")
-        if not isinstance(full_t, torch.Tensor) or not isinstance(full_i, torch.Tensor):
-            return
-        if full_t.dim() != full_i.dim() or full_t.shape[c] != full_i.shape[c]:
-            return
-        self._repair(node, lambda: self.dim(target) == c, blame_ambiguity=False)
+        for name in _SCATTER_OPERANDS:
+            other = bound.get(name)
+            if not isinstance(other, torch.fx.Node):
+                continue
+            c = self.dim(other)
+            full_o = other.meta.get("val")
+            if not isinstance(c, int) or not isinstance(full_o, torch.Tensor):
+                continue
+            if full_t.dim() != full_o.dim() or full_t.shape[c] != full_o.shape[c]:
+                continue
+            if self._repair(node, lambda c=c: self.dim(target) == c, blame_ambiguity=False):
+                return
 
     # ------------------------------------------------------------------ shape rewriting
     def _rewrite_shapes(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -680,6 +687,9 @@ class StaticShapes(ChunkShapes):
 
 
 _MISSING: Any = object()
+
+#: Arguments of the scatter family whose chunk dim ``self`` must share.
+_SCATTER_OPERANDS = ("index", "src", "source", "values")
 
 
 def build_shapes(
