@@ -299,8 +299,11 @@ def _check_body_node(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> Non
                 f"another offset ({source_of(node)})",
                 node,
             )
-    if shapes.mode == "symbolic" and d is None and isinstance(node.meta.get("val"), torch.Tensor):
-        _check_baked_sizes(node, root, shapes)
+    if shapes.mode == "symbolic" and isinstance(node.meta.get("val"), torch.Tensor):
+        if d is None:
+            _check_baked_sizes(node, root, shapes)
+        elif isinstance(d, int):
+            _check_baked_chunk_entry(node, d, root, shapes)
 
 
 def _check_baked_sizes(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> None:
@@ -326,6 +329,27 @@ def _check_baked_sizes(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> N
         f"({source_of(node)})",
         node,
     )
+
+
+def _check_baked_chunk_entry(node: torch.fx.Node, d: int, root: str, shapes: ChunkShapes) -> None:
+    """The output carries the chunk dim at ``d``, but a size list says a Python constant there:
+    each chunk copy would ask for that constant (the full extent) and fail at run time (``shape
+    '[4, 3]' is invalid for input of size 6``). Only a size derived from the chunk extent (a
+    SymInt, divided per chunk) is sound at the chunk dim."""
+    rank = node.meta["val"].dim()
+    for i in size_arg_positions(node):
+        sizes = node.args[i] if i < len(node.args) else None
+        if not isinstance(sizes, (list, tuple)) or len(sizes) != rank:
+            continue
+        entry = sizes[d]
+        if type(entry) is int and entry != -1:
+            raise ChunkError(
+                f"the constant {entry} is baked into this op of chunked region {root!r} at the "
+                f"chunk dim {d} of its size {list(sizes)}: every chunk would ask for the full "
+                "extent; use -1 or the input's own size (x.shape[i]) so the chunk extent flows "
+                f"through ({source_of(node)})",
+                node,
+            )
 
 
 #: Single-input ops a summed live-out may be reached through and that commute with the sum of

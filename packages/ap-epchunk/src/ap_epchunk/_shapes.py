@@ -402,8 +402,8 @@ class StaticShapes(ChunkShapes):
 
     # ------------------------------------------------------------------ creation-op repair
     def _creation_candidates(self, node: torch.fx.Node) -> list[torch.fx.Node]:
-        """Creation ops upstream of ``node`` still at full size, reached through values the
-        probe saw without a chunk dim (nearest first)."""
+        """Creation ops upstream of ``node`` still at full size, reached through values without
+        a chunk dim (probed, or computed from non-chunk inputs only; nearest first)."""
         found: list[torch.fx.Node] = []
         seen: set[torch.fx.Node] = set()
         todo = list(node.all_input_nodes)
@@ -414,8 +414,9 @@ class StaticShapes(ChunkShapes):
             seen.add(cur)
             if is_creation(cur) and cur not in self.probe:
                 found.append(cur)
-            elif cur in self.probe and self.dim(cur) is None and cur.op == "call_function":
-                todo.extend(cur.all_input_nodes)
+            elif cur.op == "call_function" and cur not in self.failed:
+                if cur not in self.probe or self.dim(cur) is None:
+                    todo.extend(cur.all_input_nodes)  # full-size values only
         return sorted(found, key=lambda n: -self.order[n])
 
     def _chunked_creation_args(
