@@ -103,7 +103,7 @@ def run_ep_case(model: str, num_chunks: int, steps: int = 2) -> EpResult:
     try:
         zm = MODELS[model](steps)
         zm.batches = list(token_batches(steps, batch=EP_BATCH))
-        ref_model = _eager_chunked(zm, num_chunks)
+        ref_model = _eager_chunked(zm, max(num_chunks, 2))
         step = _step(zm.module, zm)
         params = _params(step)
         state = _State(step)
@@ -117,17 +117,18 @@ def run_ep_case(model: str, num_chunks: int, steps: int = 2) -> EpResult:
         with annotate_module_fqns(zm.module):
             pm = precompile(step, zm.batches[0])
         state.restore()
-        backend = autoparallel_backend(
-            ep_chunk=ChunkConfig((PATTERN,), num_chunks=num_chunks)
-        )
+        # num_chunks=1: the unchunked backend on the same batch (the bf16 gap to compare with)
+        chunk = ChunkConfig((PATTERN,), num_chunks=num_chunks) if num_chunks > 1 else None
+        backend = autoparallel_backend(ep_chunk=chunk)
         compiled = torch.compile(pm, backend=backend)
         start = time.perf_counter()
         losses, grads = _train(compiled, params, zm.batches)
         res.backend_s = time.perf_counter() - start
-        report = backend.chunk_reports[-1]
-        res.regions_chunked = len(report.regions)
-        res.chunk_mode = report.mode
-        res.mutation_chains = list(report.mutation_chains)
+        if backend.chunk_reports:
+            report = backend.chunk_reports[-1]
+            res.regions_chunked = len(report.regions)
+            res.chunk_mode = report.mode
+            res.mutation_chains = list(report.mutation_chains)
         res.loss_rel_eager = _loss_rel(losses, ref_losses)
         res.grad_rel_eager = _grads_rel(grads, ref_grads)[0]
         res.loss_rel_eager_chunked = _loss_rel(losses, ec_losses)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m zoo.ep", description=__doc__)
     parser.add_argument("--models", default=",".join(EP_MODELS))
-    parser.add_argument("--chunks", default="2,4")
+    parser.add_argument("--chunks", default="2,4", help="1: the unchunked backend")
     args = parser.parse_args(argv)
     with tempfile.NamedTemporaryFile() as f:
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(f.name, 1))  # type: ignore[attr-defined]

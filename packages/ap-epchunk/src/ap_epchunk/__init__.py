@@ -18,6 +18,7 @@ from ._eager import EagerChunked
 from ._errors import ChunkError
 from ._marking import chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
+from ._regions import tag_backward_module_fqns
 from ._tracing import trace_joint
 
 __version__ = "0.1.0"
@@ -36,5 +37,6 @@ __all__ = [
     "chunk_pass",
     "concretize_chunk_symbols",
     "mark_chunk_dim",
+    "tag_backward_module_fqns",
     "trace_joint",
 ]
