@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn

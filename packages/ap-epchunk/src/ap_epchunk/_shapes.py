@@ -30,6 +30,7 @@ chunking) is ``MULTI``; a value the static probe could not compute is ``Unknown`
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -444,7 +445,10 @@ class StaticShapes(ChunkShapes):
         new[d] //= self.num_chunks
         args[pos] = new[0] if scalar else new
         if node.target is aten.empty_strided.default:
-            if list(args[1]) != _contiguous_strides(list(sizes)):
+            strides = args[1]
+            if not isinstance(strides, (list, tuple)) or list(strides) != _contiguous_strides(
+                list(sizes)
+            ):
                 return None
             args[1] = _contiguous_strides(new)
         return tuple(args), kwargs
@@ -488,9 +492,9 @@ class StaticShapes(ChunkShapes):
             for n, (p, a, f) in saved.items():
                 for table, old in ((self.probe, p), (self.args, a)):
                     if old is _MISSING:
-                        table.pop(n, None)  # type: ignore[attr-defined]
+                        table.pop(n, None)
                     else:
-                        table[n] = old  # type: ignore[index]
+                        table[n] = old
                 if f is None:
                     self.failed.pop(n, None)
                 else:
@@ -589,8 +593,13 @@ class StaticShapes(ChunkShapes):
                 continue
             if full_t.dim() != full_o.dim() or full_t.shape[c] != full_o.shape[c]:
                 continue
-            if self._repair(node, lambda c=c: self.dim(target) == c, blame_ambiguity=False):
+            if self._repair(
+                node, functools.partial(self._has_dim, target, c), blame_ambiguity=False
+            ):
                 return
+
+    def _has_dim(self, node: torch.fx.Node, d: int) -> bool:
+        return self.dim(node) == d
 
     # ------------------------------------------------------------------ shape rewriting
     def _rewrite_shapes(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
