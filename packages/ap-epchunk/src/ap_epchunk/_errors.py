@@ -11,7 +11,10 @@ graph exactly as it received it. Arguments of the wrong *type* raise ``TypeError
 from __future__ import annotations
 
 import torch.fx
-from ap_tags import module_fqn
+from ap_tags import CUSTOM, module_fqn
+
+#: see ``_regions.BACKWARD_FQN``
+BACKWARD_FQN_KEY = "ap_chunk_backward_fqn"
 
 
 class ChunkError(ValueError):
@@ -41,10 +44,13 @@ def source_of(node: torch.fx.Node) -> str:
             frame = lines[i].strip()
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             parts.append(f"{frame}: {code}" if code else frame)
-    try:
-        fqn = module_fqn(node)
-    except Exception:  # noqa: BLE001 - a malformed tag must not hide the refusal itself
-        fqn = None
+    custom = node.meta.get(CUSTOM)
+    fqn = custom.get(BACKWARD_FQN_KEY) if isinstance(custom, dict) else None
+    if not isinstance(fqn, str):
+        try:
+            fqn = module_fqn(node)
+        except Exception:  # noqa: BLE001 - a malformed tag must not hide the refusal itself
+            fqn = None
     if fqn:
         parts.append(f"module {fqn!r}")
     if not parts:

@@ -21,6 +21,8 @@ import torch.fx
 from ap_tags import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN, module_fqn
 from ap_tags.graph import is_backward_node
 
+from ._errors import BACKWARD_FQN_KEY
+
 
 @dataclass(frozen=True)
 class Region:
@@ -76,7 +78,7 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
 #: merges the forward node's ``custom`` over a backward node's by ``seq_nr`` when it traces a
 #: joint graph, and in a second compilation every node shares one ``seq_nr`` (the first
 #: compilation runs as one autograd op): ``module_fqn`` then says one FQN for the whole backward.
-BACKWARD_FQN = "ap_chunk_backward_fqn"
+BACKWARD_FQN = BACKWARD_FQN_KEY
 
 
 def tag_backward_module_fqns(graph: torch.fx.Graph) -> int:
