@@ -213,3 +213,25 @@ def test_a_rewrite_failing_part_way_leaves_the_graph_unchanged(
     assert calls == ["relu_default", "tanh_default"]
     assert snapshot(gm) == before
     assert "CHUNK" not in str(gm.meta).upper()
+
+
+# ------------------------------------------------------------------ the token route's mapping
+def test_marks_name_the_matching_placeholders(fake_graph: Any) -> None:
+    from ap_epchunk import chunk_inputs_from_marks, mark_chunk_dim
+
+    b = fake_graph()
+    b.placeholder("primals_1", b.fake(4, 4))
+    b.placeholder("primals_2", b.fake(8, 4))
+    b.placeholder("primals_3", b.fake(8))
+    gm = b.module()
+    w, x, y = torch.zeros(4, 4), torch.zeros(8, 4), torch.zeros(8)
+    assert chunk_inputs_from_marks(CFG, gm.graph, [w, x, y]) is CFG  # nothing marked
+    mark_chunk_dim(x, 0, hint=None)
+    mark_chunk_dim(y, 0, hint=None)
+    config = chunk_inputs_from_marks(CFG, gm.graph, [w, x, y])
+    assert config.chunk_inputs == ("primals_2", "primals_3") and config.dim == 0
+    named = CFG.replace(chunk_inputs=("primals_1",))
+    assert chunk_inputs_from_marks(named, gm.graph, [w, x, y]) is named  # explicit names win
+    z = mark_chunk_dim(torch.zeros(8, 4), 1, hint=None)
+    with pytest.raises(ChunkError, match=r"different chunk dims \[0, 1\]"):
+        chunk_inputs_from_marks(CFG, gm.graph, [w, x, z])
