@@ -234,4 +234,6 @@ def test_marks_name_the_matching_placeholders(fake_graph: Any) -> None:
     assert chunk_inputs_from_marks(named, gm.graph, [w, x, y]) is named  # explicit names win
     z = mark_chunk_dim(torch.zeros(8, 4), 1, hint=None)
     with pytest.raises(ChunkError, match=r"different chunk dims \[0, 1\]"):
+        chunk_inputs_from_marks(CFG, gm.graph, [z, x, y])
+    with pytest.raises(ChunkError, match=r"node 'primals_3': marked input 2 \(shape \(8, 4\)\)"):
         chunk_inputs_from_marks(CFG, gm.graph, [w, x, z])
