@@ -58,9 +58,7 @@ def test_bucketing_formed_buckets_forward_and_backward(ranks: list[dict[str, Any
 def test_moe_with_ep_chunk_matches_eager_chunking() -> None:
     from ap_epchunk import ChunkConfig
 
-    chunk = ChunkConfig(
-        module_patterns=("layers.*.moe",), num_chunks=2, early_grad_accumulation=False
-    )
+    chunk = ChunkConfig(module_patterns=("layers.*.moe",), num_chunks=2)
     spec = TrainSpec(
         model=ModelConfig(n_layers=1, attention="matmul", moe=True, batch=4),
         variants=(Variant("chunk", {"ep_chunk": chunk}),),

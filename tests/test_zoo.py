@@ -41,6 +41,7 @@ def _import_zoo() -> None:
 
 _import_zoo()
 
+from zoo.ep import EpResult, run_ep_case  # noqa: E402
 from zoo.fsdp import FsdpTrainStep, shard_rows  # noqa: E402
 from zoo.models import BF16, FAST, MODELS  # noqa: E402
 from zoo.report import render  # noqa: E402
@@ -181,6 +182,27 @@ def test_verdict_matches_the_properties(gloo: None) -> None:
         known = {p for (m, c, p) in KNOWN if (m, c) == (model, config)}
         assert flagged == known, (model, config, flagged, known)
     assert "tt_llama3" in render(list(_RESULTS.values()))
+
+
+# --------------------------------------------------------------------------- EP chunking (zoo.ep)
+
+#: One case per MoE model here (``python -m zoo.ep`` runs 2 and 4 chunks of both). Gradients:
+#: the grouped experts run in bf16, so the bound is 1.5x stock Inductor's own gap on the model
+#: (zoo/README.md: Qwen3-MoE 9.0e-3, DeepSeek-V3 4.5e-3); the loss is fp32-exact.
+EP_CASES = (("tt_qwen3_moe", 2, 1.35e-2), ("tt_deepseek_v3", 4, 6.75e-3))
+
+
+@pytest.mark.parametrize(("model", "chunks", "grad_tol"), EP_CASES)
+def test_moe_chunks_through_the_backend(
+    gloo: None, model: str, chunks: int, grad_tol: float
+) -> None:
+    res: EpResult = run_ep_case(model, chunks)
+    assert res.error is None, res.error
+    assert res.regions_chunked >= 2 and res.mutation_chains  # forward + backward, the buffer
+    assert res.loss_rel_eager is not None and res.loss_rel_eager <= FP32_RTOL
+    assert res.loss_rel_eager_chunked is not None and res.loss_rel_eager_chunked <= FP32_RTOL
+    assert res.grad_rel_eager is not None and res.grad_rel_eager <= grad_tol
+    assert res.grad_rel_eager_chunked is not None and res.grad_rel_eager_chunked <= grad_tol
 
 
 # --------------------------------------------------------------------------- the zoo itself

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from ap_epchunk import ChunkConfig, chunk_pass
+from ap_epchunk import ChunkConfig, ChunkError, chunk_pass
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -25,26 +25,62 @@ def _graph(fake_graph: Any) -> torch.fx.GraphModule:
     return b.module(done)
 
 
-@pytest.mark.parametrize("early", [True, False])
-def test_grad_partials_summed_before_the_collective(early: bool, fake_graph: Any) -> None:
+def test_grad_partials_summed_before_the_collective(fake_graph: Any) -> None:
     gm = _graph(fake_graph)
-    report = chunk_pass(
-        gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=early)
-    )
+    report = chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",)))
     gm.graph.lint()
     nodes = list(gm.graph.nodes)
     reduces = [n for n in nodes if n.target is c10d.all_reduce.default]
     waits = [n for n in nodes if n.target is c10d.wait_tensor.default]
     out = next(iter(gm.graph.find_nodes(op="output"))).args[0][0]
-    if early:  # one all_reduce, of the summed partials
-        assert len(reduces) == len(waits) == 1
-        assert reduces[0].args[0].target is aten.add.Tensor
-        assert out is waits[0]
-        assert report.summed == ["mm_default"]
-    else:  # per-chunk collectives, summed in chunk order where the value escapes
-        assert len(reduces) == len(waits) == 2
-        assert out.target is aten.add.Tensor
-        assert [a.name for a in out.args] == [
-            "wait_tensor_default_chunk1",
-            "wait_tensor_default_chunk0",
-        ]
+    # one all_reduce, of the summed partials; the dead per-chunk copies are gone
+    assert len(reduces) == len(waits) == 1
+    assert reduces[0].args[0].target is aten.add.Tensor
+    assert out is waits[0]
+    assert report.summed == ["mm_default"]
+
+
+def test_collective_that_would_run_per_chunk_is_refused(fake_graph: Any) -> None:
+    """Policy: only EP all-to-alls run once per chunk. Without early accumulation the gradient
+    all-reduce would silently become one all-reduce per chunk: refused, graph unchanged."""
+    gm = _graph(fake_graph)
+    before = gm.code
+    with pytest.raises(ChunkError, match=r"collective _c10d_functional::all_reduce inside chunked"):
+        chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=False))
+    assert gm.code == before
+
+
+def test_forward_all_reduce_of_tokens_is_refused(fake_graph: Any) -> None:
+    """A data-parallel all_reduce of a token-carrying value inside a chunked region."""
+    b = fake_graph()
+    u0 = b.unbacked(8)
+    x = b.placeholder("x", b.fake(u0, 3))
+    h = b.op(aten.relu.default, x, fqn="layers.0")
+    red = b.op(c10d.all_reduce.default, h, "sum", "0", fqn="layers.0")
+    done = b.op(c10d.wait_tensor.default, red, fqn="layers.0")
+    out = b.op(aten.relu.default, done, fqn="head")
+    gm = b.module(out)
+    before = gm.code
+    with pytest.raises(ChunkError, match=r"node 'all_reduce_default': collective"):
+        chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",)))
+    assert gm.code == before
+
+
+def test_all_to_all_is_chunked(fake_graph: Any) -> None:
+    """The EP token exchange runs once per chunk: what chunking is for."""
+    b = fake_graph()
+    u0 = b.unbacked(8)
+    x = b.placeholder("x", b.fake(u0, 3))
+    h = b.op(aten.relu.default, x, fqn="layers.0")
+    a2a = b.op(c10d.all_to_all_single.default, h, [u0], [u0], "0", fqn="layers.0")
+    done = b.op(c10d.wait_tensor.default, a2a, fqn="layers.0")
+    out = b.op(aten.relu.default, done, fqn="head")
+    gm = b.module(out)
+    chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",)))
+    gm.graph.lint()
+    a2as = [n for n in gm.graph.nodes if n.target is c10d.all_to_all_single.default]
+    assert len(a2as) == 2
+    # the split sizes are the chunk's own extent, not the full one
+    for a in a2as:
+        assert str(a.args[1][0]) == str(a.args[2][0]) == str(a.meta["val"].shape[0])
+        assert str(a.args[1][0]) != str(u0)

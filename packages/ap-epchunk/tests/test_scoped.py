@@ -161,11 +161,11 @@ def test_probe_silences_the_fake_tensor_logger_only_inside(
     seen: list[int] = []
     probe_all = _shapes.StaticShapes._probe_all
 
-    def spy(self: Any, graph: torch.fx.Graph, mode: Any) -> None:
+    def spy(self: Any, graph: torch.fx.Graph) -> None:
         seen.append(logger.level)
         if fails:
             raise Boom
-        probe_all(self, graph, mode)
+        probe_all(self, graph)
 
     monkeypatch.setattr(_shapes.StaticShapes, "_probe_all", spy)
     try:

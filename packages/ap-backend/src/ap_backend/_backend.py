@@ -20,6 +20,7 @@ and each scope is where it is for a reason:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -91,12 +92,17 @@ class AutoParallelBackend:
             overlap_scheduling=opts.overlap_scheduling, bucketing=opts.bucketing
         )
 
-    def _joint_pass(self, gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
+    def _joint_pass(
+        self, gm: torch.fx.GraphModule, joint_inputs: Any, graph_inputs: Sequence[Any] = ()
+    ) -> torch.fx.GraphModule:
         opts = self.options
         if opts.ep_chunk is not None:
             before = gm.print_readable(print_output=False) if _compat.structured_tracing() else ""
             emit_string("ap_chunk_before", lambda: before)
-            report = ap_epchunk.chunk_pass(gm, opts.ep_chunk)
+            # the token arguments: ``mark_chunk_dim`` marks on the tensors Dynamo compiled with
+            # (the joint graph's primals follow the compiled graph's inputs in order)
+            config = ap_epchunk.chunk_inputs_from_marks(opts.ep_chunk, gm.graph, graph_inputs)
+            report = ap_epchunk.chunk_pass(gm, config)
             ap_epchunk.concretize_chunk_symbols(gm)
             gm.recompile()
             self.chunk_reports.append(report)
@@ -139,7 +145,8 @@ class AutoParallelBackend:
         opts = self.options
         needs_joint_pass = opts.enable_ac or opts.ep_chunk is not None
         start = time.perf_counter()
-        with partitioning(self._partitioner, self._joint_pass if needs_joint_pass else None):
+        joint_pass = functools.partial(self._joint_pass, graph_inputs=list(example_inputs))
+        with partitioning(self._partitioner, joint_pass if needs_joint_pass else None):
             compiled = _compat.compile_fx()(
                 gm,
                 example_inputs,

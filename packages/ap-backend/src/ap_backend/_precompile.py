@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ap_epchunk
 import ap_tags
 import torch.fx
 from ap_tags.checks import require_bool, require_callable, require_instance
@@ -103,6 +104,8 @@ def precompile(
     with contextlib.ExitStack() as stack:
         stack.enter_context(ap_tags.annotate_module_fqns(module))
         jd = export_joint(stack, module, args)
+        # ep_chunk finds backward regions by this tag in the second compilation
+        ap_epchunk.tag_backward_module_fqns(jd.graph_module.graph)
         fsdp_report = ap_tags.mark_fsdp_all_gather_recomputation(
             jd.graph_module.graph, reshard_after_forward=reshard_after_forward
         )

@@ -19,8 +19,9 @@ from ._concretize import ConcretizeReport, concretize_chunk_symbols
 from ._config import ChunkConfig, ChunkReport, RegionSummary
 from ._eager import EagerChunked
 from ._errors import ChunkError
-from ._marking import mark_chunk_dim
+from ._marking import chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
+from ._regions import tag_backward_module_fqns
 from ._tracing import trace_joint
 
 __version__: str = _distribution_version("ap-epchunk")
@@ -36,8 +37,10 @@ __all__ = [
     "TESTED_TORCH",
     "UnsupportedTorchError",
     "__version__",
+    "chunk_inputs_from_marks",
     "chunk_pass",
     "concretize_chunk_symbols",
     "mark_chunk_dim",
+    "tag_backward_module_fqns",
     "trace_joint",
 ]

@@ -173,3 +173,21 @@ def fake_from_meta(value: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         fake_mode, meta, value.device
     )
     return fake
+
+
+def fresh_unbacked_like(shape_env: ShapeEnv, symbol: sympy.Symbol) -> sympy.Symbol:
+    """A new unbacked symbol with ``symbol``'s value range, size-likeness and optimization
+    hint: one chunk's own copy of a data-dependent value (``.item()``, ``nonzero``)."""
+    with shape_env.ignore_fresh_unbacked_symbols():
+        new = shape_env.create_unbacked_symint().node.expr
+    ranges = getattr(shape_env, "var_to_range", None)
+    if isinstance(ranges, dict) and symbol in ranges:
+        ranges[new] = ranges[symbol]
+    size_like = getattr(shape_env, "size_like", None)
+    if isinstance(size_like, set) and symbol in size_like:
+        size_like.add(new)
+    hint = shape_env.var_to_hint_override.get(symbol)
+    if hint is not None:
+        shape_env.var_to_hint_override[new] = hint
+    fresh: sympy.Symbol = new
+    return fresh

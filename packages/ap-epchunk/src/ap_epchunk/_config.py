@@ -35,7 +35,9 @@ class ChunkConfig:
     * ``module_patterns``: fnmatch patterns matched against the leading components of each
       node's module FQN; ``"layers.*.moe"`` selects the roots ``layers.0.moe``,
       ``layers.1.moe``, ... and every node traced inside them (forward and backward).
-    * ``dim``: the token dimension of the chunk inputs (``chunk_inputs`` or marked inputs).
+    * ``dim``: the token dimension of the chunk inputs (``chunk_inputs`` or marked inputs); with
+      hinted unbacked inputs that carry several symbols (batch and width), the symbol at this
+      dim is the chunk symbol.
     * ``num_chunks``: N >= 2 equal chunks; the chunk extent must be divisible by N.
     * ``early_grad_accumulation``: sum parameter-gradient partials (and cat backward values)
       as early as possible, before views and grad communication, and replay that suffix once.

@@ -9,10 +9,14 @@ chunk dim through ``ChunkConfig.chunk_inputs``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+import torch.fx
 from ap_tags.checks import require_instance, require_int
 
 from ._compat import mark_unbacked_fn
+from ._config import ChunkConfig
 from ._errors import ChunkError
 
 #: Attribute on a real tensor: ``{dim: hint}`` of the chunk dims marked on it.
@@ -53,3 +57,49 @@ def chunk_dims_of(tensor: torch.Tensor) -> dict[int, int | None]:
     """The ``{dim: hint}`` marks ``mark_chunk_dim`` left on ``tensor`` (empty when unmarked)."""
     marks: dict[int, int | None] = getattr(tensor, CHUNK_DIMS_ATTR, {})
     return dict(marks)
+
+
+def chunk_inputs_from_marks(
+    config: ChunkConfig, graph: torch.fx.Graph, inputs: Sequence[object]
+) -> ChunkConfig:
+    """``config`` with ``chunk_inputs`` naming the placeholders of ``graph`` whose inputs carry a
+    :func:`mark_chunk_dim` mark, placeholder ``i`` taking ``inputs[i]`` (a joint graph's
+    ``primals`` follow the compiled graph's inputs in order).
+
+    This is how ``autoparallel_backend(ep_chunk=...)`` finds the token arguments of a user's
+    own model: mark them (``hint=None``: the backend's graphs have static sizes) on the tensors
+    the compiled module is first called with. ``config`` is returned unchanged when it already
+    names ``chunk_inputs`` or when nothing is marked. Marks with different dims, or a marked
+    input whose placeholder does not have its shape, raise ``ChunkError``.
+    """
+    if config.chunk_inputs:
+        return config
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    names: list[str] = []
+    dims: set[int] = set()
+    for i, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor) or not chunk_dims_of(value):
+            continue
+        marks = chunk_dims_of(value)
+        if i >= len(placeholders):
+            raise ChunkError(
+                f"marked input {i} has no placeholder (the graph has {len(placeholders)})"
+            )
+        node = placeholders[i]
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() != value.dim():
+            raise ChunkError(
+                f"marked input {i} (shape {tuple(value.shape)}) does not match its placeholder "
+                f"({getattr(val, 'shape', val)}); pass ChunkConfig.chunk_inputs explicitly",
+                node,
+            )
+        names.append(node.name)
+        dims.update(marks)
+    if not names:
+        return config
+    if len(dims) > 1:
+        raise ChunkError(
+            f"inputs are marked with different chunk dims {sorted(dims)}; mark_chunk_dim one "
+            "token dim per input, the same for every input"
+        )
+    return config.replace(chunk_inputs=tuple(names), dim=dims.pop())

@@ -28,12 +28,13 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
-from ap_tags.graph import is_reduce_scatter, is_wait
+from ap_tags.graph import is_collective, is_getitem, is_reduce_scatter, is_wait, op_overload
 
 from ._compat import all_reduce_op
-from ._errors import ChunkError
+from ._errors import ChunkError, source_of
 from ._regions import Region
-from ._shapes import MULTI, ChunkShapes, Unknown
+from ._shapes import MULTI, ChunkShapes, Unknown, size_arg_positions
+from ._symbols import free_symbols
 
 aten = torch.ops.aten
 
@@ -47,6 +48,7 @@ class RegionPlan:
     routed: set[torch.fx.Node] = field(default_factory=set)
     scalars: list[torch.fx.Node] = field(default_factory=list)
     chains: dict[torch.fx.Node, int] = field(default_factory=dict)
+    followers: set[torch.fx.Node] = field(default_factory=set)
     materialize: list[Materialize] = field(default_factory=list)
 
 
@@ -67,6 +69,8 @@ class Plan:
     split_dim: dict[torch.fx.Node, int]
     scalars: set[torch.fx.Node]
     tokenish: dict[torch.fx.Node, bool] = field(default_factory=dict)
+    #: unbacked symbols bound by data-dependent body ops (refreshed per chunk by the rewrite)
+    body_unbacked: set[Any] = field(default_factory=set)
 
 
 def _carries_tokens(node: torch.fx.Node, shapes: ChunkShapes) -> bool:
@@ -115,18 +119,84 @@ def is_mutating(node: torch.fx.Node) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
+def is_dead_getitem(node: torch.fx.Node) -> bool:
+    """A getitem nobody reads: not a user that needs the full value of its parent."""
+    return is_getitem(node) and not node.users
+
+
+def semantic_users(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """``node``'s users, without dead getitems of a multi-output op (nothing reads them)."""
+    return [u for u in node.users if not is_dead_getitem(u)]
+
+
+def is_all_to_all(node: torch.fx.Node) -> bool:
+    """The EP token exchange (``all_to_all_single``): what chunking exists to overlap."""
+    op = op_overload(node)
+    return op is not None and str(op._schema.name).endswith("::all_to_all_single")
+
+
 def _routable(value: torch.fx.Node, src: RegionPlan, dst: RegionPlan, shapes: ChunkShapes) -> bool:
     """Chunk ``i`` of ``value`` (computed in ``src``) may feed chunk ``i`` of ``dst``."""
-    if value in src.chains:
+    if value in src.chains or value in src.followers:
         return False  # a mutated buffer is only complete after the last chunk
     if isinstance(shapes.dim(value), int):
         return True
     return src.root == dst.root and not src.backward and dst.backward
 
 
+def _unknown(node: torch.fx.Node, d: Unknown, what: str) -> ChunkError:
+    """A refusal at the node where shape propagation first failed (with its source line),
+    saying which value of which region needed it."""
+    if d.origin is None:
+        return ChunkError(f"{what}: {d.reason}", node)
+    return ChunkError(f"{d.describe()}; {what}", d.origin)
+
+
+#: Out-of-place accumulation into a shared buffer (a functionalized ``buf.add_(counts)``).
+_ACCUMULATE: frozenset[Any] = frozenset({aten.add.Tensor})
+#: How a functionalized graph writes a new buffer value back into the buffer.
+_WRITE_BACK: frozenset[Any] = frozenset({aten.copy.default, aten.copy_.default})
+
+
+def _written_back(shared: torch.fx.Node, value: torch.fx.Node) -> bool:
+    """``value`` reaches ``copy_(shared, ...)`` (through ``copy(shared, ...)``): it is the new
+    value of the buffer ``shared``, i.e. the functional form of an in-place update."""
+    values = {value}
+    for user in shared.users:  # graph order: a copy(shared, v) precedes the copy_ of its result
+        if user.target in _WRITE_BACK and len(user.args) >= 2 and user.args[0] is shared:
+            if user.args[1] in values:
+                if user.target is aten.copy_.default:
+                    return True
+                values.add(user)
+    return False
+
+
+def _accumulation_position(
+    node: torch.fx.Node, body: set[torch.fx.Node], plan: Plan, shapes: ChunkShapes
+) -> int | None:
+    """``add(buf, v)`` with ``buf`` a shared buffer written back afterwards and ``v`` a body
+    value without the chunk dim: the position of ``buf``, which chunk ``i`` replaces by chunk
+    ``i - 1``'s result (``buf + v_0 + v_1 ...``, the order in which eager chunking updates the
+    buffer)."""
+    if node.target not in _ACCUMULATE or len(node.args) < 2 or shapes.dim(node) is not None:
+        return None
+    for pos, other in ((0, 1), (1, 0)):
+        buf, v = node.args[pos], node.args[other]
+        if not isinstance(buf, torch.fx.Node) or not isinstance(v, torch.fx.Node):
+            continue
+        if buf in body or buf in plan.owner or buf in plan.split_dim or v not in body:
+            continue
+        if shapes.dim(buf) is not None or shapes.dim(v) is not None:
+            continue
+        if _written_back(buf, node):
+            return pos
+    return None
+
+
 def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
     rp = RegionPlan(region.root, region.backward)
     body: set[torch.fx.Node] = set()
+    where = f"region {region.root!r} ({'backward' if region.backward else 'forward'})"
     for node in region.candidates:
         influenced = False
         for inp in node.all_input_nodes:
@@ -154,23 +224,32 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
                         node,
                     )
                 elif isinstance(d, Unknown):
-                    raise ChunkError(
-                        f"cannot tell where live-in {inp.name!r} of region {region.root!r} carries "
-                        f"the chunk dim ({d.reason})",
+                    raise _unknown(
                         node,
+                        d,
+                        f"so {where} cannot tell where its live-in {inp.name!r} carries the "
+                        "chunk dim",
                     )
+        if not influenced:
+            # an op whose raw size arguments mention the chunk symbol (``full([u0, 8])``), or a
+            # creation op the static probe chunked
+            influenced = shapes.args_carry_chunk(node) or (
+                not node.all_input_nodes and isinstance(shapes.dim(node), int)
+            )
         if influenced:
             if node in plan.split_dim or node in plan.scalars:
                 raise ChunkError(
-                    f"region {region.root!r} ({'backward' if region.backward else 'forward'}) "
-                    "computes a value an earlier-starting region already consumed as a live-in; "
-                    "interleaved regions are not supported",
+                    f"{where} computes a value an earlier-starting region already consumed as a "
+                    "live-in; interleaved regions are not supported",
                     node,
                 )
             _check_body_node(node, region.root, shapes)
             body.add(node)
             rp.body.append(node)
             plan.owner[node] = rp
+            bindings = node.meta.get("unbacked_bindings")
+            if isinstance(bindings, dict):
+                plan.body_unbacked.update(bindings)
     for node in rp.body:
         shared = [
             i
@@ -185,6 +264,18 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
             raise ChunkError("chunked op mutates more than one shared input", node)
         if shared:
             rp.chains[node] = shared[0]
+            continue
+        pos = _accumulation_position(node, body, plan, shapes)
+        if pos is not None:
+            rp.chains[node] = pos
+            continue
+        body_inputs = [i for i in node.all_input_nodes if i in body]
+        if (
+            body_inputs
+            and shapes.dim(node) is None
+            and all(i in rp.chains or i in rp.followers for i in body_inputs)
+        ):
+            rp.followers.add(node)  # computed from a buffer's running value only
     return rp
 
 
@@ -198,11 +289,67 @@ def _check_body_node(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> Non
             node,
         )
     if isinstance(d, Unknown):
-        raise ChunkError(f"cannot compute a chunk of this op in region {root!r}: {d.reason}", node)
-    if node.meta.get("unbacked_bindings"):
-        raise ChunkError(
-            f"data-dependent op (it binds unbacked symbols) inside chunked region {root!r}", node
-        )
+        raise _unknown(node, d, f"so this op of region {root!r} cannot be chunked")
+    if node.target is aten.as_strided.default:
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+        if offset is not None:
+            raise ChunkError(
+                f"as_strided with an explicit storage offset ({offset}) in chunked region "
+                f"{root!r}: the offset addresses the full tensor's storage, a chunk lives at "
+                f"another offset ({source_of(node)})",
+                node,
+            )
+    if shapes.mode == "symbolic" and isinstance(node.meta.get("val"), torch.Tensor):
+        if d is None:
+            _check_baked_sizes(node, root, shapes)
+        elif isinstance(d, int):
+            _check_baked_chunk_entry(node, d, root, shapes)
+
+
+def _check_baked_sizes(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> None:
+    """A size list of Python constants on an op whose input carries the chunk dim and whose
+    output does not: the traced extent was baked into the graph (``x.view(4, 3)`` instead of
+    ``x.view(-1, 3)``), and every chunk would be asked for the full size."""
+    positions = size_arg_positions(node)
+    if not positions:
+        return
+    inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+    if not any(isinstance(shapes.dim(a), int) for a in inputs):
+        return
+    hints = shapes.symbol_hints()
+    sizes = [node.args[i] for i in positions if i < len(node.args)]
+    consts = [s for size in sizes if isinstance(size, (list, tuple)) for s in size]
+    baked = [c for c in consts if type(c) is int and c in hints.values()]
+    what = f"the constant {baked[0]}" if baked else f"the constant size {sizes[0]}"
+    raise ChunkError(
+        f"{what} is baked into this op of chunked region {root!r}: its input carries the "
+        f"chunk dim (hinted extent {sorted(hints.values())}) but its output "
+        f"{list(node.meta['val'].shape)} does not, so every chunk would ask for the full "
+        "extent; use -1 or the input's own size (x.shape[i]) so the chunk extent flows through "
+        f"({source_of(node)})",
+        node,
+    )
+
+
+def _check_baked_chunk_entry(node: torch.fx.Node, d: int, root: str, shapes: ChunkShapes) -> None:
+    """The output carries the chunk dim at ``d``, but a size list says a Python constant there:
+    each chunk copy would ask for that constant (the full extent) and fail at run time (``shape
+    '[4, 3]' is invalid for input of size 6``). Only a size derived from the chunk extent (a
+    SymInt, divided per chunk) is sound at the chunk dim."""
+    rank = node.meta["val"].dim()
+    for i in size_arg_positions(node):
+        sizes = node.args[i] if i < len(node.args) else None
+        if not isinstance(sizes, (list, tuple)) or len(sizes) != rank:
+            continue
+        entry = sizes[d]
+        if type(entry) is int and entry != -1:
+            raise ChunkError(
+                f"the constant {entry} is baked into this op of chunked region {root!r} at the "
+                f"chunk dim {d} of its size {list(sizes)}: every chunk would ask for the full "
+                "extent; use -1 or the input's own size (x.shape[i]) so the chunk extent flows "
+                f"through ({source_of(node)})",
+                node,
+            )
 
 
 #: Single-input ops a summed live-out may be reached through and that commute with the sum of
@@ -294,7 +441,7 @@ def _is_linear_in_chunk_symbol(val: Any, hints: dict[sympy.Symbol, int]) -> bool
 
 def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool) -> None:
     for node in rp.body:
-        users = list(node.users)
+        users = semantic_users(node)
         full = [
             u
             for u in users
@@ -304,7 +451,7 @@ def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool
             continue
         val = node.meta.get("val")
         d = shapes.dim(node)
-        if node in rp.chains:
+        if node in rp.chains or node in rp.followers:
             kind = "last"
         elif isinstance(d, int):
             kind = "cat"
@@ -325,6 +472,13 @@ def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool
                 )
             kind = "sum"
         elif isinstance(val, (int, torch.SymInt)) and not shapes.scalar_carries_chunk(node):
+            if free_symbols(val) & plan.body_unbacked:
+                raise ChunkError(
+                    f"data-dependent scalar {val} computed from chunk values in region "
+                    f"{rp.root!r} escapes to full users ({_name_list(full)}); each chunk has "
+                    f"its own value and none of them is the full one ({source_of(node)})",
+                    node,
+                )
             kind = "same"
         elif _is_linear_in_chunk_symbol(val, shapes.symbol_hints()):
             kind = "ssum"
@@ -367,4 +521,27 @@ def make_plan(regions: list[Region], shapes: ChunkShapes, early_grad_accumulatio
                         node,
                     )
         _plan_live_outs(rp, plan, shapes, early_grad_accumulation)
+    _check_collectives(plan)
     return plan
+
+
+def _check_collectives(plan: Plan) -> None:
+    """The collective policy: a chunk body may run EP all-to-alls (one per chunk: what
+    chunking exists to overlap). Any other collective in a body would silently become N
+    collectives over partial values (a data-parallel ``all_reduce``, a TP all-gather); it is
+    refused unless it is part of a suffix early accumulation replays once on the full value
+    (gradient all-reduce / reduce-scatter after the partials are summed)."""
+    for rp in plan.regions:
+        replayed = {p for m in rp.materialize for p in m.chain}
+        for node in rp.body:
+            if is_collective(node) and not is_all_to_all(node) and node not in replayed:
+                op = op_overload(node)
+                name = str(op._schema.name) if op is not None else str(node.target)
+                raise ChunkError(
+                    f"collective {name} inside chunked region {rp.root!r} "
+                    f"({'backward' if rp.backward else 'forward'}) would run once per chunk on "
+                    "partial values; only EP all-to-alls (all_to_all_single) are chunked. Move it "
+                    "out of the region (gradient collectives run once on the summed partials "
+                    f"with early_grad_accumulation=True) ({source_of(node)})",
+                    node,
+                )

@@ -1,10 +1,12 @@
 """Which nodes belong to which module region, and in which direction.
 
-A node's module FQN comes from ``custom["module_fqn"]`` (ap-tags' ``annotate_module_fqns``);
-when absent, a backward node borrows the FQN of the forward node with the same ``seq_nr``
-(AOTAutograd and :func:`ap_epchunk.trace_joint` stamp the forward op's ``seq_nr`` on the
-backward ops that differentiate it); the last fallback is the innermost ``nn_module_stack``
-entry. A region is every ``call_function`` node of one direction (``ap_tags.graph.
+A forward node's module FQN comes from ``custom["module_fqn"]`` (ap-tags'
+``annotate_module_fqns``). A backward node borrows the FQN of the forward node with the same
+``seq_nr`` (AOTAutograd and :func:`ap_epchunk.trace_joint` stamp the forward op's ``seq_nr`` on
+the backward ops that differentiate it; in a graph retraced from a first compilation, the
+``ap_chunk_backward_fqn`` that :func:`tag_backward_module_fqns` left there), then its own
+``custom["module_fqn"]``; the last
+fallback is the innermost ``nn_module_stack`` entry. A region is every ``call_function`` node of one direction (``ap_tags.graph.
 is_backward_node``) whose FQN equals a matched *root* or lies below it; the root is the FQN
 truncated to the pattern's length.
 """
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 import torch.fx
 from ap_tags import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN, module_fqn
 from ap_tags.graph import is_backward_node
+
+from ._errors import BACKWARD_FQN_KEY
 
 
 @dataclass(frozen=True)
@@ -41,22 +45,63 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     fqns: dict[torch.fx.Node, str] = {}
     by_seq: dict[int, str] = {}
     for node in graph.nodes:
-        fqn = _custom_fqn(node) if is_backward_node(node) else module_fqn(node)
+        if is_backward_node(node):
+            continue
+        fqn = module_fqn(node)
         if fqn is not None:
             fqns[node] = fqn
             seq = node.meta.get("seq_nr")
-            if not is_backward_node(node) and isinstance(seq, int) and seq >= 0:
+            if isinstance(seq, int) and seq >= 0:
                 by_seq.setdefault(seq, fqn)
     for node in graph.nodes:
-        if node in fqns or not is_backward_node(node):
+        if not is_backward_node(node):
             continue
         seq = node.meta.get("seq_nr")
-        fqn = by_seq.get(seq) if isinstance(seq, int) else None
+        # the forward op a backward op differentiates says where it belongs; a backward node's
+        # own tag is second: a graph retraced through the first compilation's interpreter
+        # stamps every backward op with the tag current when autograd ran it (one FQN for all)
+        custom = node.meta.get(CUSTOM)
+        fqn = custom.get(BACKWARD_FQN) if isinstance(custom, dict) else None
+        if not isinstance(fqn, str):
+            fqn = by_seq.get(seq) if isinstance(seq, int) else None
+        if fqn is None:
+            fqn = _custom_fqn(node)
         if fqn is None:
             fqn = module_fqn(node)  # innermost nn_module_stack entry
         if fqn is not None:
             fqns[node] = fqn
     return fqns
+
+
+#: ``custom`` key: the module FQN of the forward op a backward op differentiates, written by
+#: :func:`tag_backward_module_fqns` in a first compilation. A key of its own because torch
+#: merges the forward node's ``custom`` over a backward node's by ``seq_nr`` when it traces a
+#: joint graph, and in a second compilation every node shares one ``seq_nr`` (the first
+#: compilation runs as one autograd op): ``module_fqn`` then says one FQN for the whole backward.
+BACKWARD_FQN = BACKWARD_FQN_KEY
+
+
+def tag_backward_module_fqns(graph: torch.fx.Graph) -> int:
+    """Stamp every backward op of a joint graph with the module FQN of the forward op it
+    differentiates (same ``seq_nr``), under a key torch's forward-to-backward metadata copy
+    does not overwrite, so ``chunk_pass`` finds backward regions in a graph retraced from this
+    one (``ap_backend.precompile`` calls it). Returns how many nodes were stamped."""
+    by_seq: dict[int, str] = {}
+    for node in graph.nodes:
+        seq = node.meta.get("seq_nr")
+        if not is_backward_node(node) and isinstance(seq, int):
+            fqn = module_fqn(node)
+            if fqn is not None:
+                by_seq.setdefault(seq, fqn)
+    stamped = 0
+    for node in graph.nodes:
+        seq = node.meta.get("seq_nr")
+        if is_backward_node(node) and isinstance(seq, int) and seq in by_seq:
+            custom = node.meta.get(CUSTOM)
+            own = dict(custom) if isinstance(custom, dict) else {}  # custom dicts may be shared
+            node.meta[CUSTOM] = {**own, BACKWARD_FQN: by_seq[seq]}
+            stamped += 1
+    return stamped
 
 
 def root_of(fqn: str, patterns: Iterable[str]) -> str | None:

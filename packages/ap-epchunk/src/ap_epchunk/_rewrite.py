@@ -24,11 +24,13 @@ from ap_tags import (
     TAG_SCHEMA,
     TAG_SCHEMA_VERSION,
 )
+from ap_tags.graph import is_collective, is_wait
 
+from ._compat import fresh_unbacked_like, shape_env_of
 from ._config import ChunkReport, RegionSummary
-from ._plan import Materialize, Plan, RegionPlan, is_mutating
+from ._plan import Materialize, Plan, RegionPlan, is_dead_getitem, is_mutating
 from ._shapes import ChunkShapes, SymbolicShapes
-from ._symbols import subst_scalar, subst_value
+from ._symbols import SymMap, free_symbols, subst_scalar, subst_value
 
 aten = torch.ops.aten
 
@@ -68,6 +70,9 @@ class Rewriter:
         self.full: dict[torch.fx.Node, torch.fx.Node] = {}
         self.orig: dict[torch.fx.Node, tuple[Any, Any, dict[str, Any], str]] = {}
         self.created: list[torch.fx.Node] = []
+        #: per chunk: each unbacked symbol a data-dependent body op binds -> that chunk's own
+        #: symbol (chunk 0 keeps the traced one)
+        self.fresh: list[dict[Any, Any]] = [{} for _ in range(self.n)]
 
     # ------------------------------------------------------------------ metadata helpers
     def _glue_meta(self, rp: RegionPlan, val: Any, index: int | None = None) -> dict[str, Any]:
@@ -111,11 +116,36 @@ class Rewriter:
         custom[CHUNK_REGION] = rp.root
         custom[TAG_SCHEMA] = TAG_SCHEMA_VERSION
         meta[CUSTOM] = custom
-        meta["val"] = self.chunk_vals[node]
+        meta["val"] = self._refresh(self.chunk_vals[node], index)
         meta.pop("tensor_meta", None)
+        bindings = meta.get("unbacked_bindings")
+        if isinstance(bindings, dict) and self.fresh[index]:
+            meta["unbacked_bindings"] = {
+                self.fresh[index].get(sym, sym): path for sym, path in bindings.items()
+            }
         if rp.backward:
             meta["autograd_backward"] = True
         return meta
+
+    def _refresh(self, value: Any, index: int) -> Any:
+        """``value`` in chunk ``index``'s own data-dependent symbols."""
+        fresh: SymMap = self.fresh[index]
+        if not fresh or not (free_symbols(value) & fresh.keys()):
+            return value
+        return subst_value(value, fresh)
+
+    def _make_fresh_symbols(self) -> None:
+        for rp in self.plan.regions:
+            for node in rp.body:
+                bindings = node.meta.get("unbacked_bindings")
+                if not isinstance(bindings, dict):
+                    continue
+                env = shape_env_of(node.meta.get("val"))
+                if env is None:
+                    continue
+                for i in range(1, self.n):
+                    for sym in bindings:
+                        self.fresh[i][sym] = fresh_unbacked_like(env, sym)
 
     # ------------------------------------------------------------------ live-ins
     def _piece_val(self, live_in: torch.fx.Node) -> Any:
@@ -184,6 +214,8 @@ class Rewriter:
         prev = node
         for i in range(self.n):
             new_args, new_kwargs = torch.fx.node.map_arg((args, kwargs), self._mapper(rp, i))
+            if self.fresh[i]:
+                new_args, new_kwargs = self._refresh((new_args, new_kwargs), i)
             if chain_pos is not None and i > 0:
                 new_args = (*new_args[:chain_pos], copies[i - 1], *new_args[chain_pos + 1 :])
             if i == 0:
@@ -262,8 +294,12 @@ class Rewriter:
         for rp in self.plan.regions:
             for node in rp.body:
                 self.chunk_vals[node] = self.shapes.chunk_val(node)
+        self._make_fresh_symbols()
         for rp in self.plan.regions:
             for node in rp.body:
+                for user in list(node.users):
+                    if is_dead_getitem(user) and user not in self.plan.owner:
+                        self.graph.erase_node(user)  # reads the full value nobody uses
                 self._body_node(node, rp)
             for m in rp.materialize:
                 self._materialize(m, rp)
@@ -276,5 +312,14 @@ class Rewriter:
         for copies in self.copies.values():
             candidates.update(copies)
         for node in reversed(list(self.graph.nodes)):
-            if node in candidates and not node.users and not is_mutating(node):
+            if node in candidates and not node.users and _erasable(node):
                 self.graph.erase_node(node)
+
+
+def _erasable(node: torch.fx.Node) -> bool:
+    """A dead chunk copy or glue node may go: not a mutation, and not impure (a runtime
+    assert of a chunk's data-dependent size stays) -- except functional collectives and their
+    waits, whose per-chunk copies a once-on-the-full-value replay made dead."""
+    if is_mutating(node):
+        return False
+    return not node.is_impure() or is_collective(node) or is_wait(node)

@@ -1,25 +1,38 @@
 """Where a value carries the chunk dimension, and what a chunk of it looks like.
 
-Two oracles answer the same three questions (``dim``, ``chunk_val``, ``chunk_args``):
+Two oracles answer the same questions (``dim``, ``chunk_val``, ``chunk_args``):
 
 * **symbolic**: the chunk extent is a hinted unbacked symbol ``u`` in the placeholders' shapes.
   A tensor carries the chunk dim ``d`` iff exactly ``shape[d]`` mentions ``u``; a chunk of it is
-  the same value with ``u -> u // N``. Nothing is re-executed.
+  the same value with ``u -> u // N``, and so is every raw SymInt argument of a chunk copy
+  (``as_strided(x, [u0, 256], ...)`` becomes ``[u0 // N, 256]``). Nothing is re-executed.
 * **static**: sizes are plain ints, so the pass cannot read chunk influence off the values.
-  It fake-executes every node downstream of the ``chunk_inputs`` once on chunk-sized inputs
-  (a *probe*), rewriting the constant shape lists of ``view``/``reshape``/``expand`` so the
-  chunk dim flows through them; the dims whose size shrank by N are the chunk dims.
-  Values built from baked constant sizes that do not flow from a chunk input (e.g. ``zeros``
-  with a literal shape) are, necessarily, seen as unchunked.
+  It fake-executes the graph once on chunk-sized ``chunk_inputs`` (a *probe*):
+
+  - the constant shape lists of ``view``/``reshape``/``expand`` and the ``size`` lists of
+    template ops (``new_zeros(t, [8, 4])``, ``as_strided``, ``slice_backward``) follow the chunk
+    dim of their input;
+  - **creation ops** (``full``, ``zeros``, ``ones``, ``empty``, ``empty_strided``, ``arange``:
+    what ``zeros_like(x)`` decomposes to) have no input to follow. They start full-size; when a
+    consumer then fails on a full-size value next to chunk-sized ones (a broadcast, an
+    ``index_put``), or a scatter/gather writes a chunk-carrying index into a full-size ``self``,
+    the probe *repairs* it: it re-runs the consumers with each creation op upstream chunked
+    along each divisible dim and keeps the one combination that makes them consistent (a
+    chunked ``arange`` gives chunk-local positions). None fitting, or several, is a failure;
+  - a failure is recorded at the node where propagation first failed, with its source line,
+    and every value computed from it reports that origin -- so a refusal names the cause, not
+    a later victim.
 
 A value whose chunk influence shows up in more than one dim (``q @ k.T`` under sequence
-chunking) is ``MULTI``; a static probe that failed is an ``Unknown`` carrying the reason.
+chunking) is ``MULTI``; a value the static probe could not compute is ``Unknown``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +42,9 @@ import torch.fx
 from ap_tags.scoped import quiet_logger
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ._compat import FAKE_TENSOR_LOGGER, floor_div, optimization_hint, shape_env_of
-from ._errors import ChunkError
-from ._symbols import subst_value
+from ._compat import FAKE_TENSOR_LOGGER, floor_div, optimization_hint, shape_env_of, tree_map
+from ._errors import ChunkError, source_of
+from ._symbols import subst_scalar, subst_value
 
 aten = torch.ops.aten
 
@@ -46,10 +59,38 @@ MULTI = _Multi()
 
 @dataclass(frozen=True)
 class Unknown:
+    """The static probe could not compute this value: ``reason`` at node ``origin`` (the first
+    node whose propagation failed), which came from ``source``."""
+
     reason: str
+    origin: str | None = None
+    source: str = ""
+
+    def describe(self) -> str:
+        if self.origin is None:
+            return self.reason
+        return (
+            f"shape propagation of the chunk dim first failed at node {self.origin!r} "
+            f"({self.source}): {self.reason}"
+        )
 
 
 ChunkDim = int | None | _Multi | Unknown
+
+#: Schema argument names that hold the output size of an op (as opposed to strides, dims...).
+SIZE_ARGS = frozenset({"size", "sizes", "shape", "input_sizes"})
+
+
+def size_arg_positions(node: torch.fx.Node) -> list[int]:
+    """Positions of ``node``'s int-list size arguments (``view(self, size)``, ``full(size)``)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    return [
+        i
+        for i, arg in enumerate(schema.arguments)
+        if arg.name in SIZE_ARGS and str(arg.type) in ("List[int]", "SymInt[]", "int[]")
+    ]
 
 
 def _symbolic_dims(val: Any, symbols: Iterable[sympy.Symbol]) -> ChunkDim:
@@ -81,9 +122,13 @@ class ChunkShapes:
         raise NotImplementedError
 
     def chunk_args(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return node.args, dict(node.kwargs)
+        return tuple(node.args), dict(node.kwargs)
 
     def scalar_carries_chunk(self, node: torch.fx.Node) -> bool:
+        return False
+
+    def args_carry_chunk(self, node: torch.fx.Node) -> bool:
+        """A raw (non-node) argument of ``node`` mentions the chunk extent."""
         return False
 
     def symbol_hints(self) -> dict[sympy.Symbol, int]:
@@ -99,48 +144,151 @@ class SymbolicShapes(ChunkShapes):
         self.mapping = {s: floor_div(s, num_chunks) for s in hints}
         self.cache: dict[Any, Any] = {}
 
+    def _mentions(self, value: Any) -> bool:
+        return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and bool(
+            value.node.expr.free_symbols & self.hints.keys()
+        )
+
     def dim(self, node: torch.fx.Node) -> ChunkDim:
         return _symbolic_dims(node.meta.get("val"), self.hints)
 
     def chunk_val(self, node: torch.fx.Node) -> Any:
         return subst_value(node.meta.get("val"), self.mapping, self.cache)
 
+    def chunk_args(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        def one(v: Any) -> Any:
+            return subst_scalar(v, self.mapping, self.cache) if self._mentions(v) else v
+
+        args, kwargs = tree_map(one, (tuple(node.args), dict(node.kwargs)))
+        return tuple(args), dict(kwargs)
+
     def scalar_carries_chunk(self, node: torch.fx.Node) -> bool:
-        val = node.meta.get("val")
-        return isinstance(val, torch.SymInt) and bool(
-            val.node.expr.free_symbols & self.hints.keys()
-        )
+        return self._mentions(node.meta.get("val"))
+
+    def args_carry_chunk(self, node: torch.fx.Node) -> bool:
+        found = [False]
+
+        def one(v: Any) -> Any:
+            if self._mentions(v):
+                found[0] = True
+            return v
+
+        tree_map(one, (tuple(node.args), dict(node.kwargs)))
+        return found[0]
 
     def symbol_hints(self) -> dict[sympy.Symbol, int]:
         return dict(self.hints)
 
 
-def find_chunk_symbols(graph: torch.fx.Graph, num_chunks: int) -> dict[sympy.Symbol, int]:
-    """Hinted unbacked symbols in placeholder shapes; each hint must be divisible by N."""
+def _hinted_symbols(val: Any) -> dict[sympy.Symbol, int]:
+    if not isinstance(val, torch.Tensor):
+        return {}
+    env = shape_env_of(val)
+    if env is None:
+        return {}
+    out: dict[sympy.Symbol, int] = {}
+    for sym in sorted(free_unbacked_symbols(val), key=str):
+        hint = optimization_hint(env, sym)
+        if hint is not None:
+            out[sym] = hint
+    return out
+
+
+def _symbol_at(val: torch.Tensor, dim: int, hinted: dict[sympy.Symbol, int]) -> set[sympy.Symbol]:
+    if not -val.dim() <= dim < val.dim():
+        return set()
+    size = val.shape[dim]
+    if not isinstance(size, torch.SymInt):
+        return set()
+    return set(size.node.expr.free_symbols) & hinted.keys()
+
+
+def find_chunk_symbols(
+    graph: torch.fx.Graph,
+    num_chunks: int,
+    names: tuple[str, ...] = (),
+    dim: int | None = None,
+) -> dict[sympy.Symbol, int]:
+    """The chunk symbols of a graph with hinted unbacked token dims, each with its hint.
+
+    * ``names`` given: the hinted symbol at ``dim`` of each named placeholder;
+    * otherwise, when ``dim`` is given and some placeholder has a hinted symbol alone at
+      ``dim``: those symbols (an input carrying several, e.g. batch and width, is read at the
+      token dim only);
+    * otherwise every hinted unbacked symbol of the placeholders, as long as no placeholder
+      carries more than one (then the token dim must be named with ``ChunkConfig.dim``);
+      ``dim=None`` (concretization without a record) takes them all.
+
+    Each hint must be divisible by N.
+    """
+    placeholders = [
+        n for n in graph.find_nodes(op="placeholder") if isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+    if names:
+        placeholders = [n for n in placeholders if n.name in names]
+    chosen: dict[sympy.Symbol, tuple[int, torch.fx.Node]] = {}
+    several: list[tuple[torch.fx.Node, list[str]]] = []
+    for node in placeholders:
+        val = node.meta["val"]
+        hinted = _hinted_symbols(val)
+        at_dim = _symbol_at(val, dim, hinted) if dim is not None else set()
+        if names and len(at_dim) != 1:
+            size = val.shape[dim] if dim is not None and -val.dim() <= dim < val.dim() else None
+            raise ChunkError(
+                f"ChunkConfig.chunk_inputs names this placeholder, but its dim {dim} ({size}) is "
+                "not one hinted unbacked size",
+                node,
+            )
+        if len(at_dim) == 1:
+            (sym,) = at_dim
+            chosen.setdefault(sym, (hinted[sym], node))
+        if len(hinted) > 1:
+            several.append((node, [str(s) for s in hinted]))
+    if not chosen and not names:
+        if several and dim is not None:
+            node, syms = several[0]
+            raise ChunkError(
+                f"this input carries several hinted unbacked symbols {syms} and none of them is "
+                f"alone at ChunkConfig.dim={dim}; name the token dim with ChunkConfig(dim=...) "
+                "(and ChunkConfig(chunk_inputs=...) for the inputs that carry it)",
+                node,
+            )
+        for node in placeholders:
+            for sym, hint in _hinted_symbols(node.meta["val"]).items():
+                chosen.setdefault(sym, (hint, node))
     hints: dict[sympy.Symbol, int] = {}
-    for node in graph.find_nodes(op="placeholder"):
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        env = shape_env_of(val)
-        if env is None:
-            continue
-        for sym in sorted(free_unbacked_symbols(val), key=str):
-            hint = optimization_hint(env, sym)
-            if hint is None:
-                continue
-            if hint % num_chunks:
-                raise ChunkError(
-                    f"chunk extent {sym} has hint {hint}, not divisible by num_chunks={num_chunks}",
-                    node,
-                )
-            hints[sym] = hint
+    for sym, (hint, node) in chosen.items():
+        if hint % num_chunks:
+            raise ChunkError(
+                f"chunk extent {sym} has hint {hint}, not divisible by num_chunks={num_chunks}",
+                node,
+            )
+        hints[sym] = hint
     return hints
 
 
 # ----------------------------------------------------------------------------- static probe
 
 _VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+
+#: Ops that make a tensor from sizes alone, with the position of the size argument.
+_CREATION_OPS: dict[Any, int] = {
+    aten.full.default: 0,
+    aten.zeros.default: 0,
+    aten.ones.default: 0,
+    aten.empty.memory_format: 0,
+    aten.empty_strided.default: 0,
+    aten.arange.default: 0,
+    aten.arange.start: 1,
+    aten.arange.start_step: 1,
+}
+
+#: How far back from a failing node the repair looks for creation ops (nodes visited).
+_REPAIR_REACH = 400
+
+
+def is_creation(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _CREATION_OPS
 
 
 def _view_out_dim(in_shape: list[int], c: int, out_shape: list[int], n: int) -> int | None:
@@ -154,6 +302,20 @@ def _view_out_dim(in_shape: list[int], c: int, out_shape: list[int], n: int) -> 
     return None
 
 
+def _contiguous_strides(shape: list[int]) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return strides[::-1]
+
+
+@dataclass(frozen=True)
+class _Failure:
+    reason: str
+    origin: torch.fx.Node
+
+
 class StaticShapes(ChunkShapes):
     mode = "static"
 
@@ -162,8 +324,11 @@ class StaticShapes(ChunkShapes):
     ) -> None:
         super().__init__(num_chunks)
         self.probe: dict[torch.fx.Node, Any] = {}
-        self.failed: dict[torch.fx.Node, str] = {}
+        self.failed: dict[torch.fx.Node, _Failure] = {}
         self.args: dict[torch.fx.Node, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        #: creation ops the probe chunked, and along which dim
+        self.chunked_creations: dict[torch.fx.Node, int] = {}
+        self.fake_mode: Any = None
         for src, d in sources.items():
             val = src.meta.get("val")
             if not isinstance(val, torch.Tensor) or not -val.dim() <= d < val.dim():
@@ -186,42 +351,257 @@ class StaticShapes(ChunkShapes):
             shape[d] //= num_chunks
             self.probe[src] = val.new_empty_strided(shape, val.stride())
             self.fake_mode = getattr(val, "fake_mode", None)
-        self._run(graph)
-
-    def _run(self, graph: torch.fx.Graph) -> None:
-        import contextlib
-
+        self.order = {n: i for i, n in enumerate(graph.nodes)}
         mode = self.fake_mode if self.fake_mode is not None else contextlib.nullcontext()
-        # a probe that fails is an answer ("unknown"), not an error: keep the fake-tensor
-        # logger from printing a traceback for each one (a scoped patch: its level is restored
-        # on exit, also when several passes probe at once)
-        with quiet_logger(FAKE_TENSOR_LOGGER):
-            self._probe_all(graph, mode)
+        # a probe that fails is an answer, not an error: keep the fake-tensor logger from
+        # printing a traceback for each one (a scoped patch: its level is restored on exit,
+        # also when several passes probe at once)
+        with quiet_logger(FAKE_TENSOR_LOGGER), mode:
+            self._probe_all(graph)
 
-    def _probe_all(self, graph: torch.fx.Graph, mode: Any) -> None:
+    # ------------------------------------------------------------------ the walk
+    def _probe_all(self, graph: torch.fx.Graph) -> None:
         for node in graph.nodes:
-            if node.op != "call_function":
+            if node.op != "call_function" or node in self.probe:
                 continue
             inputs = node.all_input_nodes
             if not any(i in self.probe or i in self.failed for i in inputs):
                 continue
             bad = next((self.failed[i] for i in inputs if i in self.failed), None)
             if bad is not None:
-                self.failed[node] = bad
+                self.failed[node] = bad  # the origin stays the node that failed first
                 continue
-            try:
-                args, kwargs = self._rewrite_shapes(node)
-                self.args[node] = (args, kwargs)
-                vals = torch.fx.node.map_arg((args, kwargs), self._val)
-                assert callable(node.target)
-                with mode:
-                    self.probe[node] = node.target(*vals[0], **vals[1])
-            except Exception as exc:  # noqa: BLE001 - any failure makes the value unknown
-                self.failed[node] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            error = self._compute(node)
+            if error is None:
+                self._unify_scatter(node)
+                continue
+            if not self._repair(node, lambda: True) and node not in self.failed:
+                self.failed[node] = _Failure(error, node)
+
+    def _compute(self, node: torch.fx.Node) -> str | None:
+        """Probe one node from its inputs' probe values; None, or why it failed."""
+        try:
+            if node.meta.get("unbacked_bindings"):
+                # data-dependent (``.item()``, ``nonzero``): its value cannot be probed; the
+                # traced value stands in (its symbols are refreshed per chunk by the rewrite)
+                self.args[node] = (tuple(node.args), dict(node.kwargs))
+                self.probe[node] = node.meta.get("val")
+                return None
+            args, kwargs = self._rewrite_shapes(node)
+            vals = torch.fx.node.map_arg((args, kwargs), self._val)
+            assert callable(node.target)
+            self.probe[node] = node.target(*vals[0], **vals[1])
+            self.args[node] = (args, kwargs)
+            return None
+        except Exception as exc:  # noqa: BLE001 - any failure makes the value unknown
+            self.probe.pop(node, None)
+            self.args.pop(node, None)
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
     def _val(self, n: torch.fx.Node) -> Any:
         return self.probe[n] if n in self.probe else n.meta.get("val")
 
+    # ------------------------------------------------------------------ creation-op repair
+    def _creation_candidates(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+        """Creation ops upstream of ``node`` still at full size, reached through values without
+        a chunk dim (probed, or computed from non-chunk inputs only; nearest first)."""
+        found: list[torch.fx.Node] = []
+        seen: set[torch.fx.Node] = set()
+        todo = list(node.all_input_nodes)
+        while todo and len(seen) < _REPAIR_REACH:
+            cur = todo.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            if is_creation(cur) and cur not in self.probe:
+                found.append(cur)
+            elif cur.op == "call_function" and cur not in self.failed:
+                if cur not in self.probe or self.dim(cur) is None:
+                    todo.extend(cur.all_input_nodes)  # full-size values only
+        return sorted(found, key=lambda n: -self.order[n])
+
+    def _chunked_creation_args(
+        self, node: torch.fx.Node, d: int
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        args, kwargs = list(node.args), dict(node.kwargs)
+        pos = _CREATION_OPS[node.target]
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return None
+        if node.target in (aten.arange.start, aten.arange.start_step):
+            if args[0] != 0 or (len(args) > 2 and args[2] != 1):
+                return None  # only 0..n: a chunk of it is 0..n/N (chunk-local positions)
+        if pos >= len(args):
+            return None
+        sizes = args[pos]
+        if node.target in _CREATION_OPS and isinstance(sizes, int):
+            sizes = [sizes]  # arange's end
+            scalar = True
+        else:
+            scalar = False
+        if not isinstance(sizes, (list, tuple)) or not all(type(s) is int for s in sizes):
+            return None
+        new = list(sizes)
+        new[d] //= self.num_chunks
+        args[pos] = new[0] if scalar else new
+        if node.target is aten.empty_strided.default:
+            strides = args[1]
+            if not isinstance(strides, (list, tuple)) or list(strides) != _contiguous_strides(
+                list(sizes)
+            ):
+                return None
+            args[1] = _contiguous_strides(new)
+        return tuple(args), kwargs
+
+    def _creation_dims(self, node: torch.fx.Node) -> list[int]:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return []
+        n = self.num_chunks
+        return [d for d, s in enumerate(val.shape) if int(s) % n == 0 and int(s) >= n]
+
+    def _descendants(self, start: torch.fx.Node, upto: torch.fx.Node) -> list[torch.fx.Node]:
+        """Nodes computed from ``start`` (itself excluded) up to ``upto`` in graph order."""
+        limit = self.order[upto]
+        seen: set[torch.fx.Node] = set()
+        todo = [start]
+        while todo:
+            cur = todo.pop()
+            for user in cur.users:
+                if user not in seen and self.order.get(user, limit + 1) <= limit:
+                    seen.add(user)
+                    todo.append(user)
+        return sorted((n for n in seen if n.op == "call_function"), key=self.order.__getitem__)
+
+    def _trial(
+        self, creation: torch.fx.Node, d: int, upto: torch.fx.Node, ok: Callable[[], bool]
+    ) -> Callable[[], None] | None:
+        """Chunk ``creation`` along ``d`` and re-probe everything computed from it up to
+        ``upto``. Success (``upto`` and every re-probed node computed, ``ok()`` holds): the new
+        state stays and an undo function is returned. Failure: the old state is back, None."""
+        new_args = self._chunked_creation_args(creation, d)
+        if new_args is None:
+            return None
+        affected = [creation, *self._descendants(creation, upto)]
+        saved = {
+            n: (self.probe.get(n, _MISSING), self.args.get(n, _MISSING), self.failed.get(n))
+            for n in affected
+        }
+
+        def undo() -> None:
+            for n, (p, a, f) in saved.items():
+                for table, old in ((self.probe, p), (self.args, a)):
+                    if old is _MISSING:
+                        table.pop(n, None)
+                    else:
+                        table[n] = old
+                if f is None:
+                    self.failed.pop(n, None)
+                else:
+                    self.failed[n] = f
+
+        try:
+            assert callable(creation.target)
+            self.probe[creation] = creation.target(*new_args[0], **new_args[1])
+            self.args[creation] = new_args
+            self.failed.pop(creation, None)
+            for n in affected[1:]:
+                was_probed = saved[n][0] is not _MISSING or n is upto
+                if not was_probed and not any(i in self.probe for i in n.all_input_nodes):
+                    continue
+                bad = next((self.failed[i] for i in n.all_input_nodes if i in self.failed), None)
+                if bad is not None:  # failed for another reason; this trial cannot fix it
+                    self.failed[n] = bad
+                    self.probe.pop(n, None)
+                    if n is upto:
+                        undo()
+                        return None
+                    continue
+                self.failed.pop(n, None)
+                if self._compute(n) is not None:
+                    undo()
+                    return None
+        except Exception:  # noqa: BLE001 - a creation op that cannot be built this way
+            undo()
+            return None
+        if self.dim(creation) != d or not ok():
+            undo()
+            return None
+        return undo
+
+    def _repair(
+        self, node: torch.fx.Node, ok: Callable[[], bool], *, blame_ambiguity: bool = True
+    ) -> bool:
+        """Find the one (creation op, dim) whose chunking makes ``node`` consistent; keep it.
+        Several fitting: with ``blame_ambiguity`` the creation op is recorded as where
+        propagation failed."""
+        fits: list[tuple[torch.fx.Node, int]] = []
+        for creation in self._creation_candidates(node):
+            for d in self._creation_dims(creation):
+                undo = self._trial(creation, d, node, ok)
+                if undo is not None:
+                    undo()
+                    fits.append((creation, d))
+            if fits:
+                break  # the nearest creation op that fits is the one this node needs
+        if len(fits) != 1:
+            if len(fits) > 1 and blame_ambiguity:
+                creation = fits[0][0]
+                dims = [d for _, d in fits]
+                self.failed[creation] = _Failure(
+                    f"cannot tell which dim of this {creation.target} "
+                    f"(shape {list(creation.meta['val'].shape)}) carries the tokens: chunking "
+                    f"dim {dims[0]} or dim {dims[1]} both fit its users; a size equal to the "
+                    "chunk extent that cannot be proven unrelated is refused",
+                    creation,
+                )
+                self.failed[node] = self.failed[creation]
+            return False
+        creation, d = fits[0]
+        kept = self._trial(creation, d, node, ok)
+        assert kept is not None
+        self.chunked_creations[creation] = d
+        return True
+
+    def _unify_scatter(self, node: torch.fx.Node) -> None:
+        """``scatter(self, dim, index, src)``, ``slice_scatter(self, src, ...)`` and the rest of
+        the scatter family with a full-size ``self`` made by a creation op and an ``index`` /
+        ``src`` carrying the chunk dim at a position where their full sizes agree: the
+        per-chunk ``self`` must be chunk-sized too (``zeros_like(x)`` followed by
+        ``scatter_add``; the backward of a slice), although the full-size op does not fail."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return
+        names = [a.name for a in schema.arguments]
+        if "self" not in names:
+            return
+        bound = dict(zip(names, node.args, strict=False))
+        bound.update(node.kwargs)
+        target = bound.get("self")
+        if not isinstance(target, torch.fx.Node) or self.dim(target) is not None:
+            return
+        full_t = target.meta.get("val")
+        if not isinstance(full_t, torch.Tensor):
+            return
+        for name in _SCATTER_OPERANDS:
+            other = bound.get(name)
+            if not isinstance(other, torch.fx.Node):
+                continue
+            c = self.dim(other)
+            full_o = other.meta.get("val")
+            if not isinstance(c, int) or not isinstance(full_o, torch.Tensor):
+                continue
+            if full_t.dim() != full_o.dim() or full_t.shape[c] != full_o.shape[c]:
+                continue
+            if self._repair(
+                node, functools.partial(self._has_dim, target, c), blame_ambiguity=False
+            ):
+                return
+
+    def _has_dim(self, node: torch.fx.Node, d: int) -> bool:
+        return self.dim(node) == d
+
+    # ------------------------------------------------------------------ shape rewriting
     def _rewrite_shapes(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
         args, kwargs = tuple(node.args), dict(node.kwargs)
         if node.target not in _VIEW_OPS and node.target is not aten.expand.default:
@@ -254,18 +634,18 @@ class StaticShapes(ChunkShapes):
     def _rewrite_template_sizes(
         self, node: torch.fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``new_zeros(t, [8, 4])``, ``slice_backward(g, [8, 4], ...)``: a size list of the
-        template's rank whose entry at the template's chunk dim is the full extent shrinks."""
-        schema = getattr(node.target, "_schema", None)
-        if schema is None or not args or not isinstance(args[0], torch.fx.Node):
+        """``new_zeros(t, [8, 4])``, ``as_strided(t, [8, 4], ...)``, ``slice_backward(g, [8, 4],
+        ...)``: a size list of the template's rank whose entry at the template's chunk dim is
+        the full extent shrinks (strides and offsets are left alone: they address storage)."""
+        if not args or not isinstance(args[0], torch.fx.Node) or args[0] not in self.probe:
             return args, kwargs
-        c = self.dim(args[0]) if args[0] in self.probe else None
+        c = self.dim(args[0])
         if not isinstance(c, int):
             return args, kwargs
         full = args[0].meta["val"]
         new_args = list(args)
-        for i, arg in enumerate(schema.arguments[: len(args)]):
-            if i == 0 or str(arg.type) not in ("List[int]", "SymInt[]", "int[]"):
+        for i in size_arg_positions(node):
+            if i == 0 or i >= len(args):
                 continue
             sizes = args[i]
             if (
@@ -279,16 +659,22 @@ class StaticShapes(ChunkShapes):
                 new_args[i] = new_sizes
         return tuple(new_args), kwargs
 
+    # ------------------------------------------------------------------ the oracle
     def dim(self, node: torch.fx.Node) -> ChunkDim:
         if node in self.failed:
-            return Unknown(self.failed[node])
+            f = self.failed[node]
+            return Unknown(f.reason, f.origin.name, source_of(f.origin))
         if node not in self.probe:
             return None
         full, part = node.meta.get("val"), self.probe[node]
         if not isinstance(full, torch.Tensor) or not isinstance(part, torch.Tensor):
             return None
         if full.dim() != part.dim():
-            return Unknown(f"chunk rank {part.dim()} differs from full rank {full.dim()}")
+            return Unknown(
+                f"chunk rank {part.dim()} differs from full rank {full.dim()}",
+                node.name,
+                source_of(node),
+            )
         dims = [d for d in range(full.dim()) if full.shape[d] != part.shape[d]]
         if not dims:
             return None
@@ -296,20 +682,35 @@ class StaticShapes(ChunkShapes):
             return MULTI
         d = dims[0]
         if full.shape[d] != part.shape[d] * self.num_chunks:
-            return Unknown(f"dim {d} shrank from {full.shape[d]} to {part.shape[d]}")
+            return Unknown(
+                f"dim {d} shrank from {full.shape[d]} to {part.shape[d]}",
+                node.name,
+                source_of(node),
+            )
         return d
 
     def chunk_val(self, node: torch.fx.Node) -> Any:
         return self.probe.get(node, node.meta.get("val"))
 
     def chunk_args(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return self.args.get(node, (node.args, dict(node.kwargs)))
+        return self.args.get(node, (tuple(node.args), dict(node.kwargs)))
+
+
+_MISSING: Any = object()
+
+#: Arguments of the scatter family whose chunk dim ``self`` must share.
+_SCATTER_OPERANDS = ("index", "src", "source", "values")
 
 
 def build_shapes(
     graph: torch.fx.Graph, num_chunks: int, chunk_inputs: tuple[str, ...], dim: int
 ) -> ChunkShapes:
-    """The oracle for this graph: static when ``chunk_inputs`` is given, else symbolic."""
+    """The oracle for this graph.
+
+    With ``chunk_inputs``: symbolic when the named placeholders' ``dim`` is a hinted unbacked
+    size, static when it is a plain int. Without: symbolic over the placeholders' hinted
+    unbacked symbols (``dim`` picks one when an input carries several).
+    """
     if chunk_inputs:
         by_name = {n.name: n for n in graph.find_nodes(op="placeholder")}
         missing = [name for name in chunk_inputs if name not in by_name]
@@ -318,11 +719,22 @@ def build_shapes(
                 f"ChunkConfig.chunk_inputs names no placeholder {missing}; placeholders are "
                 f"{sorted(by_name)}"
             )
-        return StaticShapes(graph, {by_name[name]: dim for name in chunk_inputs}, num_chunks)
-    hints = find_chunk_symbols(graph, num_chunks)
+        named = [by_name[name] for name in chunk_inputs]
+        symbolic = [
+            n
+            for n in named
+            if isinstance(n.meta.get("val"), torch.Tensor)
+            and _symbol_at(n.meta["val"], dim, _hinted_symbols(n.meta["val"]))
+        ]
+        if not symbolic:
+            return StaticShapes(graph, {n: dim for n in named}, num_chunks)
+        return SymbolicShapes(num_chunks, find_chunk_symbols(graph, num_chunks, chunk_inputs, dim))
+    hints = find_chunk_symbols(graph, num_chunks, (), dim)
     if not hints:
         raise ChunkError(
-            "no chunk dimension: mark the token inputs with mark_chunk_dim(..., hint=N) before "
-            "tracing, or name static-size inputs in ChunkConfig.chunk_inputs"
+            "no chunk dimension: mark the token inputs with ap_epchunk.mark_chunk_dim(x, dim, "
+            "hint=...) -- hint=N before trace_joint (a hinted unbacked dim), hint=None before "
+            "calling a module compiled with autoparallel_backend(ep_chunk=...) (static sizes) -- "
+            "or name the token placeholders in ChunkConfig.chunk_inputs"
         )
     return SymbolicShapes(num_chunks, hints)

@@ -48,9 +48,7 @@ def build_spec(opts: DemoOptions) -> TrainSpec:
     if opts.chunk:
         from ap_epchunk import ChunkConfig
 
-        kwargs["ep_chunk"] = ChunkConfig(
-            module_patterns=("layers.*.moe",), num_chunks=2, early_grad_accumulation=False
-        )
+        kwargs["ep_chunk"] = ChunkConfig(module_patterns=("layers.*.moe",), num_chunks=2)
     # Chunking splits the batch dim of the token input: 4 sequences make chunks of 2 (a static
     # chunk of 1 cannot be told apart from broadcasting).
     model = ModelConfig(

@@ -8,7 +8,6 @@ step the parameters take the same SGD update, so step ``k`` compares like with l
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -177,15 +176,15 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
     return result
 
 
-def _with_token_chunk_input(kwargs: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    """Static-shape chunking needs the joint-graph placeholder that carries the token dim. The
-    second compile lifts the parameters first (``primals_1..P``), then the user inputs, so
-    the tokens are ``primals_{P+1}``."""
-    chunk = kwargs.get("ep_chunk")
-    if chunk is None or chunk.chunk_inputs:
-        return kwargs
-    tokens = f"primals_{len(list(model.parameters())) + 1}"
-    return {**kwargs, "ep_chunk": dataclasses.replace(chunk, chunk_inputs=(tokens,))}
+def _mark_token_inputs(kwargs: dict[str, Any], batch: tuple[torch.Tensor, ...]) -> None:
+    """The documented token route of ``autoparallel_backend(ep_chunk=...)``: mark the token dim
+    of the tensors the compiled module is first called with (tokens and targets, dim 0)."""
+    if kwargs.get("ep_chunk") is None:
+        return
+    from ap_epchunk import mark_chunk_dim
+
+    for t in batch:
+        mark_chunk_dim(t, 0, hint=None)
 
 
 def _run_variant(
@@ -203,10 +202,11 @@ def _run_variant(
         if variant.first_compile_ac:
             stage = variant.backend_kwargs.get("ac_stage_size_gib", "auto")
             joint_pass = ap_tags.ac_joint_pass(stage)
+        _mark_token_inputs(variant.backend_kwargs, batches[0])
         pm = precompile(model, batches[0], joint_pass=joint_pass)
         out["precompile_s"] = time.perf_counter() - t0
         out["first_partition"] = pm.first_partition.to_dict()
-        backend = autoparallel_backend(**_with_token_chunk_input(variant.backend_kwargs, model))
+        backend = autoparallel_backend(**variant.backend_kwargs)
         compiled: Callable[..., torch.Tensor] = torch.compile(pm, backend=backend)
     elif variant.backend == "inductor":
         backend = None
