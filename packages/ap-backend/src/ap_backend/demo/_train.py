@@ -80,7 +80,8 @@ def _eager_model(spec: TrainSpec, sharding: Sharding, chunk: Any) -> nn.Module:
     if chunk is not None:
         from ap_epchunk import EagerChunked
 
-        for block in model.layers:
+        layers: Any = model.layers
+        for block in layers:
             moe = getattr(block, "moe", None)
             if moe is not None:
                 block.moe = EagerChunked(moe, chunk.dim, chunk.num_chunks)
