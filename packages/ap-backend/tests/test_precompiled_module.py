@@ -194,7 +194,6 @@ def test_parametrized_parameters_are_passed_as_stored() -> None:
 def test_reshape_views_keeps_nodes_and_meta() -> None:
     """The retrace runs with Inductor's decompositions, whose strides may differ from eager's
     (see test_hf_models.py for HF Phi-3): every ``view`` becomes ``reshape``, same node."""
-    gm = torch.fx.symbolic_trace(_Named())
     g = torch.fx.Graph()
     x = g.placeholder("x")
     t = g.call_function(torch.ops.aten.t.default, (x,))
