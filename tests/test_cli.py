@@ -4,9 +4,12 @@ table agrees with its --json."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,19 +86,123 @@ def test_demo_subprocess_table_agrees_with_json(tmp_path: Path) -> None:
         ("save_all", "SaveAll (backend)"),
         ("min_cut_ac", "min-cut + AC"),
         ("min_cut_ac_untagged", "min-cut + AC, no first compile"),
+        ("plain_compile", "plain torch.compile (min-cut)"),
     ]:
         count, nbytes = re.fullmatch(
             r"(\d+) \(([\d,]+) B\)", _table_value(table, f"saved activations: {label}")
         ).groups()  # type: ignore[union-attr]
         assert int(count) == data["saved"][key]["count"]
         assert int(nbytes.replace(",", "")) == data["saved"][key]["bytes"]
-    ag = _table_value(table, "all-gather outputs saved (first / SaveAll / min-cut+AC / untagged)")
+    ag = _table_value(
+        table, "all-gather outputs saved (first / SaveAll / min-cut+AC / untagged / plain)"
+    )
     assert [int(x) for x in ag.split(" / ")] == [
         data["saved"][k]["all_gather_outputs_saved"]
-        for k in ("first_partition", "save_all", "min_cut_ac", "min_cut_ac_untagged")
+        for k in (
+            "first_partition",
+            "save_all",
+            "min_cut_ac",
+            "min_cut_ac_untagged",
+            "plain_compile",
+        )
     ]
     assert data["saved"]["save_all"]["all_gather_outputs_saved"] == 0
     assert int(_table_value(table, "buckets formed (fw + bw)")) == data["buckets_formed"]
     # The AC pass in the second compile may only *add* stage-boundary saves to the replay.
     assert data["saved"]["save_all"]["count"] >= data["saved"]["first_partition"]["count"]
     assert data["mismatches"] == 0
+
+
+def test_json_directory_is_checked_before_any_rank_starts(tmp_path: Path) -> None:
+    start = time.monotonic()
+    out = _cli("demo", "--json", "/nonexistent/dir/x.json")
+    assert out.returncode == 2
+    assert out.stderr == (
+        "ap-backend: error: argument --json: directory '/nonexistent/dir' does not exist\n"
+    )
+    assert "spawning" not in out.stdout
+    assert time.monotonic() - start < 30  # it used to run the whole demo (55 s) first
+    out = _cli("demo", "--json", str(tmp_path))
+    assert out.returncode == 2 and "is a directory" in out.stderr
+
+
+def _children(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (from /proc; zombies count as gone)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("how", "status", "word"),
+    [
+        ("sigint_parent", 130, "interrupted (Ctrl-C)"),
+        ("sigint_group", 130, "interrupted (Ctrl-C)"),
+        ("sigterm_parent", 143, "terminated (SIGTERM)"),
+    ],
+)
+def test_interrupt_stops_every_rank_with_one_line(how: str, status: int, word: str) -> None:
+    """Ctrl-C (the whole process group, as a terminal sends it, or the parent alone) and
+    SIGTERM stop the demo within seconds: exit 130/143, one line, no traceback, no rank left
+    compiling."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ap_backend.cli", "demo", "--layers", "1", "--steps", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[int] = []
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            ranks = _children(proc.pid)
+        assert len(ranks) >= 2, "the ranks never started"
+        time.sleep(8)  # the ranks are importing torch / tracing by now
+        ranks = _children(proc.pid)
+        sent = time.monotonic()
+        if how == "sigint_group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT if how == "sigint_parent" else signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == status, err
+    assert elapsed < 10, elapsed
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("ap-backend demo:")]
+    assert ours == [f"ap-backend demo: {word}, all ranks stopped"], err
+    time.sleep(1)
+    assert [p for p in ranks if _alive(p)] == []

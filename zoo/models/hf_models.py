@@ -7,16 +7,12 @@ configuration values, none to the model code:
 * dropout probabilities are 0 (eager and compiled runs must see the same computation);
 * ``use_cache=False`` (a training step; a cache object would be a model output);
 * token ids that the configs default outside a 256-token vocabulary are set inside it;
-* the attention mask is passed *prepared*: a 4-D boolean mask (``(B, 1, S, S)``, True =
-  attend), which transformers uses as is. With ``input_ids`` alone ``precompile`` fails in the
-  packed-sequence detection, and with the usual 2-D mask it fails in the SDPA causal-skip check
-  (``masking_utils._ignore_causal_mask_sdpa``: ``fast_all(padding_mask)`` calls ``.item()``):
-  transformers' ``is_tracing()`` does not recognise the functional/fake tensors of
-  ``precompile``'s AOT export (no Dynamo there), so both data-dependent checks run and raise
-  ``DataDependentOutputException``. The 4-D mask is the one the model would build itself
-  (causal, or all-ones for BERT's encoder); eager losses are bit-identical to the 2-D call.
-  Mistral keeps the 2-D mask: a prepared mask would bypass its sliding window, and its own
-  mask path skips the failing check.
+* every model is called the ordinary way: ``input_ids`` and ``labels`` (GPT-2, Llama,
+  Mixtral: nothing else), plus an all-ones 2-D ``attention_mask`` (Mistral, Phi-3, BERT, T5's
+  encoder) -- so both of transformers' mask paths are exercised. ``precompile`` traces with
+  ``torch.compiler.is_compiling()`` True, as ``torch.compile`` does, so transformers takes its
+  traceable paths (before, its packed-sequence detection and SDPA causal-skip check called
+  ``.item()`` on fake tensors and the zoo had to pass prepared 4-D masks).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from typing import Any
 
 import torch
 
-from zoo.models._base import BATCH, SEQ, VOCAB, ZooModel, first_output, token_batches
+from zoo.models._base import SEQ, VOCAB, ZooModel, first_output, token_batches
 
 __all__ = ["bert", "gpt2", "llama", "mistral", "mixtral", "phi3", "t5"]
 
@@ -38,24 +34,13 @@ def _library() -> str:
     return f"transformers {transformers.__version__}"
 
 
-def causal_mask_4d() -> torch.Tensor:
-    """The prepared causal mask an HF SDPA model builds: ``(B, 1, S, S)`` bool, True = attend."""
-    return torch.ones(SEQ, SEQ, dtype=torch.bool).tril().expand(BATCH, 1, SEQ, SEQ).contiguous()
-
-
-def full_mask_4d() -> torch.Tensor:
-    """The prepared bidirectional mask without padding: all True."""
-    return torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool)
-
-
 def _causal_batches(steps: int, *, mask_2d: bool) -> list[tuple[torch.Tensor, ...]]:
-    """``(input_ids, attention_mask, position_ids, labels)`` per step; labels = input ids (the
-    model shifts them itself)."""
+    """``(input_ids, [attention_mask,] labels)`` per step; labels = input ids (the model
+    shifts them itself)."""
     out: list[tuple[torch.Tensor, ...]] = []
-    positions = torch.arange(SEQ).expand(BATCH, SEQ).contiguous()
     for tokens, _ in token_batches(steps):
-        mask = torch.ones_like(tokens) if mask_2d else causal_mask_4d()
-        out.append((tokens, mask, positions, tokens.clone()))
+        mask = (torch.ones_like(tokens),) if mask_2d else ()
+        out.append((tokens, *mask, tokens.clone()))
     return out
 
 
@@ -63,19 +48,20 @@ def _causal(
     name: str, config: str, model: torch.nn.Module, steps: int, *, mask_2d: bool = False
 ) -> ZooModel:
     model.train()
-    mask = "2-D attention_mask (all ones)" if mask_2d else "prepared 4-D causal attention_mask"
+    names = ("input_ids", "attention_mask", "labels") if mask_2d else ("input_ids", "labels")
+    call = "input_ids, 2-D attention_mask (all ones), labels" if mask_2d else "input_ids, labels"
     return ZooModel(
         name=name,
         library=_library(),
         config=config,
         module=model,
         batches=_causal_batches(steps, mask_2d=mask_2d),
-        n_model_inputs=4,
+        n_model_inputs=len(names),
         loss_fn=first_output,
-        input_names=("input_ids", "attention_mask", "position_ids", "labels"),
+        input_names=names,
         model_kwargs={"return_dict": False},
         notes=[
-            f"called with input_ids, {mask}, position_ids, labels",
+            f"called the ordinary way: model({call})",
             "loss: the model's own (labels=), return_dict=False, use_cache=False",
         ],
     )
@@ -173,6 +159,7 @@ def phi3(steps: int) -> ZooModel:
         "Phi3Config: hidden 64, 4 q / 2 kv heads, 2 layers",
         hf.Phi3ForCausalLM(cfg),
         steps,
+        mask_2d=True,
     )
 
 
@@ -200,7 +187,7 @@ def bert(steps: int) -> ZooModel:
     for tokens, _ in token_batches(steps):
         labels = torch.where(torch.rand(tokens.shape, generator=gen) < 0.15, tokens, -100)
         labels[:, 0] = tokens[:, 0]  # at least one labelled position per row
-        batches.append((tokens, full_mask_4d(), torch.zeros_like(tokens), labels))
+        batches.append((tokens, torch.ones_like(tokens), torch.zeros_like(tokens), labels))
     return ZooModel(
         name="hf_bert",
         library=_library(),
@@ -212,7 +199,7 @@ def bert(steps: int) -> ZooModel:
         input_names=("input_ids", "attention_mask", "token_type_ids", "labels"),
         model_kwargs={"return_dict": False},
         notes=[
-            "called with input_ids, prepared 4-D attention_mask (all True), token_type_ids, "
+            "called with input_ids, 2-D attention_mask (all ones), token_type_ids, "
             "labels (15% masked-LM)",
             "loss: the model's own (labels=), return_dict=False",
         ],
@@ -242,20 +229,20 @@ def t5(steps: int) -> ZooModel:
     model.train()
     batches: list[tuple[torch.Tensor, ...]] = []
     for tokens, targets in token_batches(steps):
-        batches.append((tokens, full_mask_4d(), causal_mask_4d(), targets))
+        batches.append((tokens, torch.ones_like(tokens), targets))
     return ZooModel(
         name="hf_t5",
         library=_library(),
         config="T5Config: d_model 64, 4 heads, 2+2 layers",
         module=model,
         batches=batches,
-        n_model_inputs=4,
+        n_model_inputs=3,
         loss_fn=first_output,
-        input_names=("input_ids", "attention_mask", "decoder_attention_mask", "labels"),
+        input_names=("input_ids", "attention_mask", "labels"),
         model_kwargs={"return_dict": False},
         notes=[
-            "called with input_ids, prepared 4-D attention_mask (all True) and "
-            "decoder_attention_mask (causal), labels (decoder inputs = shifted labels)",
+            "called with input_ids, 2-D attention_mask (all ones), labels (decoder inputs = "
+            "shifted labels, the decoder's causal mask built by the model)",
             "loss: the model's own (labels=), return_dict=False, use_cache=False",
         ],
     )

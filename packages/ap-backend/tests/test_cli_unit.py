@@ -42,6 +42,7 @@ def test_table_renders_every_number_of_the_summary() -> None:
             "save_all": saved,
             "min_cut_ac": {**saved, "count": 2},
             "min_cut_ac_untagged": {**saved, "all_gather_outputs_saved": 7},
+            "plain_compile": {**saved, "all_gather_outputs_saved": 5},
         },
         "buckets_formed": 4,
         "compile_s": {"precompile": 1.0, "backend": 2.0, "first_step": 3.0},
@@ -49,5 +50,5 @@ def test_table_renders_every_number_of_the_summary() -> None:
     table = render_table(summary)
     assert "| step 1 loss eager / compiled" in table and "1.500000 / 1.250000" in table
     assert "3 (1,234 B)" in table and "2 (1,234 B)" in table
-    assert "0 / 0 / 0 / 7" in table
+    assert "0 / 0 / 0 / 7 / 5" in table
     assert "| buckets formed (fw + bw)" in table and "| 4 " in table

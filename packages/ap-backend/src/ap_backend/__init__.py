@@ -3,7 +3,10 @@
 * :func:`autoparallel_backend` -- the backend (SaveAll partitioner, AC staging, overlap
   scheduling, topo-span-bounded bucketing, EP chunking), every torch setting it touches scoped
   to its compile calls (see ``docs/architecture.md``, "Backend scopes");
-* :func:`precompile` -- the first compilation whose tags the backend replays;
+* :func:`precompile` -- the first compilation whose tags the backend replays, returning a
+  :class:`PrecompiledModule` (one :class:`FirstCompilation` per train/eval mode and input
+  signature, made on first use); :class:`PrecompileError` -- what cannot be traced into one
+  graph (a would-be graph break), with the op, the source line and the way out;
 * :func:`measure_saved` / :class:`SavedSummary` -- what a partition saves for backward,
   measured one way for every partitioner; :func:`is_all_gather_output` is
   ``ap_tags.graph.is_all_gather_output`` (one definition for every package);
@@ -22,8 +25,9 @@ from ap_backend._backend import AutoParallelBackend, autoparallel_backend
 from ap_backend._compat import SUPPORT as _TORCH_SUPPORT
 from ap_backend._compat import TESTED_TORCH, UnsupportedTorchError
 from ap_backend._measure import measure_saved
-from ap_backend._precompile import PrecompiledModule, precompile
+from ap_backend._precompile import FirstCompilation, PrecompiledModule, precompile
 from ap_backend._saved import SavedSummary
+from ap_backend._trace import PrecompileError
 
 __version__: str = _distribution_version("ap-backend")
 _TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
@@ -31,6 +35,8 @@ _TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TES
 __all__ = [
     "TESTED_TORCH",
     "AutoParallelBackend",
+    "FirstCompilation",
+    "PrecompileError",
     "PrecompiledModule",
     "SavedSummary",
     "UnsupportedTorchError",

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from ap_tags import torch_support
+from ap_tags.scoped import ScopedPatch
 
 #: The torch versions ap-backend is tested on (the only place they are written).
 TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
@@ -125,6 +126,68 @@ def joint_export_api() -> tuple[Callable[..., Any], Callable[..., Any]]:
     names = ("aot_export_joint_with_descriptors", "aot_compile_joint_with_descriptors")
     module: Any = SUPPORT.attrs(_AOT_AUTOGRAD, names)
     return module.aot_export_joint_with_descriptors, module.aot_compile_joint_with_descriptors
+
+
+def _set_compiling_flag() -> Callable[[], None]:
+    compiler: Any = SUPPORT.attrs("torch.compiler", ("_is_compiling_flag",))
+    old = compiler._is_compiling_flag
+    compiler._is_compiling_flag = True
+
+    def undo() -> None:
+        compiler._is_compiling_flag = old
+
+    return undo
+
+
+#: ``torch.compiler.is_compiling()`` answers True inside the block (a ScopedPatch), as it does while Dynamo
+#: traces and while ``torch.export`` traces non-strictly (which sets the same flag).
+COMPILING = ScopedPatch("torch.compiler.is_compiling() = True", _set_compiling_flag)
+
+
+def data_dependent_errors() -> dict[type[BaseException], str]:
+    """The exceptions tracing with fake tensors raises when Python needs a tensor's value,
+    each with the kind of code that causes it."""
+    fake: Any = SUPPORT.attrs(
+        "torch._subclasses.fake_tensor",
+        ("DataDependentOutputException", "DynamicOutputShapeException"),
+    )
+    shapes: Any = SUPPORT.attrs(
+        "torch.fx.experimental.symbolic_shapes", ("GuardOnDataDependentSymNode",)
+    )
+    return {
+        fake.DataDependentOutputException: "reads a tensor's value into Python",
+        fake.DynamicOutputShapeException: "calls an op whose output shape depends on values",
+        shapes.GuardOnDataDependentSymNode: "branches on a value known only at run time",
+    }
+
+
+def tree_leaves_with_path(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
+    """``([(keystr(path), leaf), ...], treespec)``: torch's pytree flattening (the one
+    export uses), each leaf with a printable path such as ``[1]['labels']``."""
+    pytree: Any = SUPPORT.attrs(
+        "torch.utils._pytree", ("tree_flatten_with_path", "keystr", "tree_flatten")
+    )
+    pairs, spec = pytree.tree_flatten_with_path(tree)
+    return [(pytree.keystr(path), leaf) for path, leaf in pairs], spec
+
+
+#: Tensor attributes ``torch._dynamo.mark_dynamic`` / ``mark_unbacked`` set: dims the user
+#: asked to keep symbolic (``maybe_mark_dynamic``'s weak marks allow specialisation).
+_DYNAMIC_MARKS = {
+    "_dynamo_dynamic_indices": "torch._dynamo.mark_dynamic",
+    "_dynamo_unbacked_indices": "torch._dynamo.decorators.mark_unbacked",
+    "_dynamo_strict_unbacked_indices": "torch._dynamo.decorators.mark_unbacked(strict=True)",
+}
+
+
+def dynamic_dim_marks(tensor: torch.Tensor) -> dict[str, tuple[int, ...]]:
+    """``{marking API: dims}`` for every dim of ``tensor`` marked to stay symbolic."""
+    marks: dict[str, tuple[int, ...]] = {}
+    for attr, api in _DYNAMIC_MARKS.items():
+        dims = getattr(tensor, attr, None)
+        if dims:
+            marks[api] = tuple(sorted(int(d) for d in dims))
+    return marks
 
 
 def default_partition() -> Callable[..., Any]:

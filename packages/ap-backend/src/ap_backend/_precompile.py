@@ -7,6 +7,13 @@ as torch's ``default_partition`` saved it) must survive into the second compile.
 ``preserve_node_meta``; the callable returned by ``aot_compile_joint_with_descriptors`` is
 ``nonstrict_trace``'d, so Dynamo does not inline it and AOTAutograd re-executes those
 interpreters while tracing, copying ``custom``/``recompute`` onto every retraced node.
+
+A first compilation is a function of one call signature (``_signature.CallSignature``: the
+modules' train/eval flags, every input's shape and dtype, every non-tensor argument). So
+:class:`PrecompiledModule` behaves like the module it wraps: a call in another mode or with
+other shapes gets its own first compilation, made on first use and cached (at most
+``max_signatures``; past that, an error names the argument that changed). With gradients
+disabled nothing is saved for a backward, so the module itself runs.
 """
 
 from __future__ import annotations
@@ -14,53 +21,74 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ap_epchunk
 import ap_tags
 import torch.fx
-from ap_tags.checks import require_bool, require_callable, require_instance
+from ap_tags.checks import require_bool, require_callable, require_instance, require_int
 from torch import nn
 
 from ap_backend import _compat
 from ap_backend._artifacts import emit_json
 from ap_backend._partitioners import JointPass, partitioning
 from ap_backend._saved import SavedSummary, summarize_forward_saves
+from ap_backend._signature import CallSignature, call_signature, refuse_dynamic_dims
+from ap_backend._trace import (
+    PrecompileError,
+    reshape_views,
+    tracing_like_compile,
+    translate_trace_error,
+)
 
-__all__ = ["PrecompiledModule", "precompile"]
+__all__ = ["FirstCompilation", "PrecompiledModule", "precompile"]
 
 log = logging.getLogger(__name__)
 
+#: Default bound on first compilations per module (Dynamo's own recompile limit is 8 too).
+DEFAULT_MAX_SIGNATURES = 8
 
-class PrecompiledModule(nn.Module):
-    """Calls the first compilation's callable with the wrapped module's parameters and buffers
-    (in the exported order) followed by the user's arguments. ``module`` stays a submodule, so
-    ``parameters()``/``state_dict()``/optimizers see the same (sharded) tensors.
+Slot = tuple[nn.Module, str]
 
-    ``first_partition`` summarises what the first partition saved for backward."""
 
-    def __init__(
-        self,
-        module: nn.Module,
-        compiled_fn: Callable[..., Any],
-        param_fqns: Sequence[str],
-        buffer_fqns: Sequence[str],
-        first_partition: SavedSummary,
-        fsdp_report: Any,
-    ) -> None:
-        super().__init__()
-        self.module = module
-        self._compiled_fn = compiled_fn
-        self._param_fqns = tuple(param_fqns)
-        self._buffer_fqns = tuple(buffer_fqns)
-        self.first_partition = first_partition
-        self.fsdp_report = fsdp_report
+@dataclass(frozen=True)
+class FirstCompilation:
+    """One first compilation: the call signature it is specialised to, what its partition
+    saved for backward (``first_partition``), the FSDP chains ap-tags tagged
+    (``fsdp_report``) and how long it took."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        params = [self.module.get_parameter(n) for n in self._param_fqns]
-        buffers = [self.module.get_buffer(n) for n in self._buffer_fqns]
-        return self._compiled_fn(*params, *buffers, *args, **kwargs)
+    signature: CallSignature
+    first_partition: SavedSummary
+    fsdp_report: ap_tags.FsdpTagReport
+    seconds: float
+    fn: Callable[..., Any] = field(repr=False, compare=False)
+    param_slots: tuple[Slot, ...] = field(repr=False, compare=False)
+    buffer_slots: tuple[Slot, ...] = field(repr=False, compare=False)
+
+
+def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...]:
+    """``(owning submodule, local name)`` for each exported parameter/buffer FQN.
+
+    The value is read from the owner's ``_parameters``/``_buffers`` at every call, never with
+    ``getattr``: a parametrized module (torchtitan's SimpleFSDP, ``torch.nn.utils.
+    parametrize``) exposes its parameter's *name* as a property computing something else (the
+    all-gathered weight), while the export lifted the stored parameter itself."""
+    slots = []
+    for fqn in fqns:
+        owner_name, _, local = fqn.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        store = owner._parameters if kind == "parameter" else owner._buffers
+        if local not in store:
+            raise RuntimeError(
+                f"precompile: exported {kind} {fqn!r} is not a registered {kind} of "
+                f"{type(owner).__name__}"
+            )
+        slots.append((owner, local))
+    return tuple(slots)
 
 
 def _recording_default_partition(
@@ -76,15 +104,199 @@ def _recording_default_partition(
     return fw, bw
 
 
+def _retraceable(compiler: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiler`` after :func:`~ap_backend._trace.reshape_views` (see ``_trace``)."""
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        reshape_views(gm)
+        return compiler(gm, example_inputs)
+
+    return compile_graph
+
+
+@dataclass(frozen=True)
+class _Options:
+    reshard_after_forward: bool
+    joint_pass: JointPass | None
+    max_signatures: int
+
+
+def _first_compilation(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: _Options,
+    *,
+    where: str,
+) -> FirstCompilation:
+    """Export, tag, partition and wrap one call signature of ``module``."""
+    signature = call_signature(module, args, kwargs)
+    export_joint, compile_joint = _compat.joint_export_api()
+    summaries: list[SavedSummary] = []
+    start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(ap_tags.annotate_module_fqns(module))
+        try:
+            with tracing_like_compile():
+                jd = export_joint(stack, module, args, kwargs or None)
+        except Exception as exc:
+            translated = translate_trace_error(exc, where=where)
+            if translated is None:
+                raise
+            raise translated from exc
+        # ep_chunk finds backward regions by this tag in the second compilation
+        ap_epchunk.tag_backward_module_fqns(jd.graph_module.graph)
+        fsdp_report = ap_tags.mark_fsdp_all_gather_recomputation(
+            jd.graph_module.graph, reshard_after_forward=options.reshard_after_forward
+        )
+        with partitioning(None, options.joint_pass):
+            compiled_fn = compile_joint(
+                jd,
+                partition_fn=functools.partial(_recording_default_partition, summaries),
+                fw_compiler=_retraceable(ap_tags.preserve_meta_compiler(tag_forward=True)),
+                bw_compiler=_retraceable(ap_tags.preserve_meta_compiler(tag_forward=False)),
+            )
+    if len(summaries) != 1:
+        raise RuntimeError(
+            f"{where}: expected one joint partition, saw {len(summaries)} (does the module's "
+            "output require grad?)"
+        )
+    summary = summaries[0]
+    emit_json("ap_first_partition", summary.to_dict())
+    return FirstCompilation(
+        signature=signature,
+        first_partition=summary,
+        fsdp_report=fsdp_report,
+        seconds=time.perf_counter() - start,
+        fn=compiled_fn,
+        param_slots=_slots(module, jd.params_spec, "parameter"),
+        buffer_slots=_slots(module, jd.buffers_spec, "buffer"),
+    )
+
+
+class PrecompiledModule(nn.Module):
+    """The module ``precompile`` returns: calls a first compilation with the wrapped module's
+    parameters and buffers (in the exported order) followed by the user's arguments.
+    ``module`` stays a submodule, so ``parameters()``/``state_dict()``/optimizers see the same
+    (sharded) tensors.
+
+    It behaves like the wrapped module: ``train()``/``eval()``, new shapes and new non-tensor
+    arguments each get their own first compilation on first use (``compilations`` lists them,
+    at most ``max_signatures``); with gradients disabled the wrapped module runs as it is.
+    Under ``torch.compile`` the choice is made by a forward pre-hook that runs outside Dynamo
+    (``torch.compiler.disable``), so a first compilation never happens inside a trace and
+    Dynamo guards on which one the call uses.
+
+    ``first_partition`` / ``fsdp_report`` describe the first compilation ``precompile`` made.
+    """
+
+    def __init__(self, module: nn.Module, first: FirstCompilation, options: _Options) -> None:
+        super().__init__()
+        self.module = module
+        self._options = options
+        self._compilations: dict[CallSignature, FirstCompilation] = {first.signature: first}
+        self._numbered: list[FirstCompilation] = [first]
+        self._first = first
+        #: Index into ``_numbered`` of the compilation the pre-hook chose for this call (-1:
+        #: run the module itself). An int attribute of a module, so Dynamo specialises on it
+        #: and guards its value: a compiled graph is reused only for the compilation it traced.
+        self._active = 0
+        self._lock = threading.Lock()
+        choose: Callable[..., None] = torch.compiler.disable(self._choose)  # type: ignore[no-untyped-call]
+        self.register_forward_pre_hook(choose, with_kwargs=True)
+
+    @property
+    def first_partition(self) -> SavedSummary:
+        """What the first partition of ``precompile``'s own call saved for backward."""
+        return self._first.first_partition
+
+    @property
+    def fsdp_report(self) -> ap_tags.FsdpTagReport:
+        """The FSDP chains ap-tags found and tagged in ``precompile``'s own call."""
+        return self._first.fsdp_report
+
+    @property
+    def compilations(self) -> tuple[FirstCompilation, ...]:
+        """Every first compilation made so far, oldest first."""
+        return tuple(self._numbered)
+
+    @property
+    def max_signatures(self) -> int:
+        return self._options.max_signatures
+
+    def _choose(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook, outside Dynamo: pick (or make) this call's first compilation."""
+        chosen = self._select(args, kwargs)
+        self._active = -1 if chosen is None else self._numbered.index(chosen)
+
+    def _select(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FirstCompilation | None:
+        if not torch.is_grad_enabled():
+            return None
+        where = "PrecompiledModule"
+        refuse_dynamic_dims(
+            self.module, args, kwargs, where=where, limit=self._options.max_signatures
+        )
+        signature = call_signature(self.module, args, kwargs)
+        found = self._compilations.get(signature)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._compilations.get(signature)
+            if found is not None:
+                return found
+            change = self._first.signature.difference(signature)
+            limit = self._options.max_signatures
+            if len(self._compilations) >= limit:
+                raise PrecompileError(
+                    f"{where}: this call needs first compilation #{len(self._compilations) + 1}"
+                    f" but max_signatures={limit}: {change}. Each new train/eval mode, input "
+                    "shape or non-tensor argument value is a first compilation of its own; "
+                    "pad inputs to a shape already compiled, or pass precompile(..., "
+                    "max_signatures=N) to allow more."
+                )
+            log.info(
+                "%s: first compilation #%d (of at most %d) for a new call signature: %s",
+                where,
+                len(self._compilations) + 1,
+                limit,
+                change,
+            )
+            made = _first_compilation(self.module, args, kwargs, self._options, where=where)
+            self._compilations[signature] = made
+            self._numbered.append(made)
+            return made
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            chosen = None if self._active < 0 else self._numbered[self._active]
+        else:
+            chosen = self._select(args, kwargs)
+        if chosen is None:
+            return self.module(*args, **kwargs)
+        params = [owner._parameters[name] for owner, name in chosen.param_slots]
+        buffers = [owner._buffers[name] for owner, name in chosen.buffer_slots]
+        return chosen.fn(*params, *buffers, *args, **kwargs)
+
+
 def precompile(
     module: nn.Module,
     example_args: Sequence[Any],
+    example_kwargs: Mapping[str, Any] | None = None,
     *,
     reshard_after_forward: bool = True,
     joint_pass: JointPass | None = None,
+    max_signatures: int = DEFAULT_MAX_SIGNATURES,
 ) -> PrecompiledModule:
-    """Run the first compilation of ``module`` on ``example_args`` and return a module that
-    ``torch.compile(..., backend=autoparallel_backend())`` retraces with the tags intact.
+    """Run the first compilation of ``module(*example_args, **example_kwargs)`` and return a
+    module that ``torch.compile(..., backend=autoparallel_backend())`` retraces with the tags
+    intact.
+
+    The module's Python runs once more with fake tensors while ``torch.compiler.
+    is_compiling()`` is True (as under ``torch.compile``); what would be a graph break there
+    -- reading a tensor's value, value-dependent output shapes, ``print`` -- raises
+    :class:`PrecompileError` naming the op and the source line. Dims marked dynamic
+    (``torch._dynamo.mark_dynamic``) are refused: a first compilation is static, and each new
+    signature (mode, shapes, non-tensor arguments) gets its own, up to ``max_signatures``.
 
     ``joint_pass(gm, joint_inputs) -> gm`` (e.g. ``ap_tags.ac_joint_pass(...)``) runs on the
     joint graph right before the first partition, as ``torch._functorch.config.
@@ -96,38 +308,22 @@ def precompile(
     require_instance(
         example_args, (tuple, list), where=where, arg="example_args", expected="a tuple or list"
     )
+    if example_kwargs is not None:
+        require_instance(
+            example_kwargs, Mapping, where=where, arg="example_kwargs", expected="a mapping"
+        )
     require_bool(reshard_after_forward, where=where, arg="reshard_after_forward")
     require_callable(joint_pass, where=where, arg="joint_pass", optional=True)
-    export_joint, compile_joint = _compat.joint_export_api()
+    require_int(max_signatures, where=where, arg="max_signatures", minimum=1)
     args = tuple(example_args)
-    summaries: list[SavedSummary] = []
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(ap_tags.annotate_module_fqns(module))
-        jd = export_joint(stack, module, args)
-        # ep_chunk finds backward regions by this tag in the second compilation
-        ap_epchunk.tag_backward_module_fqns(jd.graph_module.graph)
-        fsdp_report = ap_tags.mark_fsdp_all_gather_recomputation(
-            jd.graph_module.graph, reshard_after_forward=reshard_after_forward
-        )
-        with partitioning(None, joint_pass):
-            compiled_fn = compile_joint(
-                jd,
-                partition_fn=functools.partial(_recording_default_partition, summaries),
-                fw_compiler=ap_tags.preserve_meta_compiler(tag_forward=True),
-                bw_compiler=ap_tags.preserve_meta_compiler(tag_forward=False),
-            )
-    if len(summaries) != 1:
-        raise RuntimeError(
-            f"precompile: expected one joint partition, saw {len(summaries)} (does the module's "
-            "output require grad?)"
-        )
-    emit_json("ap_first_partition", summaries[0].to_dict())
+    kwargs = dict(example_kwargs or {})
+    refuse_dynamic_dims(module, args, kwargs, where=where, limit=max_signatures)
+    options = _Options(reshard_after_forward, joint_pass, max_signatures)
+    first = _first_compilation(module, args, kwargs, options, where=where)
     log.info(
         "precompile: first partition saved %d activations (%d bytes), %d all-gather outputs",
-        summaries[0].count,
-        summaries[0].nbytes,
-        len(summaries[0].all_gather_outputs),
+        first.first_partition.count,
+        first.first_partition.nbytes,
+        len(first.first_partition.all_gather_outputs),
     )
-    return PrecompiledModule(
-        module, compiled_fn, jd.params_spec, jd.buffers_spec, summaries[0], fsdp_report
-    )
+    return PrecompiledModule(module, first, options)

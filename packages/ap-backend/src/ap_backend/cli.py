@@ -1,18 +1,25 @@
 """Console script ``ap-backend``: ``--version`` and ``demo``.
 
 ``ap-backend demo`` parses its options into an :class:`ap_backend.demo.DemoOptions` and runs
-:func:`ap_backend.demo.run_demo`; a bad option exits 2 with one line, a loss/grad mismatch
-against eager exits 1.
+:func:`ap_backend.demo.run_demo`. Exit status: 0 ok; 1 a loss/grad mismatch against eager; 2 a
+bad option, one line, before any rank starts (``--json``'s directory must exist and be
+writable; ``--fsdp simple`` needs torchtitan); 130 on Ctrl-C and 143 on SIGTERM, one line, with
+every rank stopped (``spawn_ranks`` terminates them).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
+from types import FrameType
 from typing import NoReturn
+
+from ap_tags.scoped import ScopedPatch
 
 __all__ = ["main"]
 
@@ -79,8 +86,49 @@ def _parser() -> _Parser:
         default=False,
         help="MoE model with EP chunking of layers.*.moe (off)",
     )
+    demo.add_argument(
+        "--fsdp",
+        choices=("ap", "simple"),
+        default="ap",
+        help="FSDP engine: ap (the model kit's all-gathers) or simple (torchtitan's SimpleFSDP, "
+        "DTensor parameters; needs torchtitan) (ap)",
+    )
     demo.add_argument("--json", metavar="PATH", default=None, help="also write the numbers here")
     return parser
+
+
+def _check_json_path(parser: _Parser, path: str) -> None:
+    """``--json PATH`` must be writable before any rank starts (the demo takes a minute)."""
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        parser.error(f"argument --json: {path!r} is a directory, expected a file path")
+    if not os.path.isdir(folder):
+        parser.error(f"argument --json: directory {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        parser.error(f"argument --json: directory {folder!r} is not writable")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        parser.error(f"argument --json: {path!r} exists and is not writable")
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so ``spawn_ranks`` stops the ranks on its way out."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+def _sigterm_raises() -> Callable[[], None]:
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+
+    def undo() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return undo
+
+
+_SIGTERM_RAISES = ScopedPatch("SIGTERM raises in the demo's main thread", _sigterm_raises)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,10 +141,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("expected a command: demo (or --version)")
     from ap_backend.demo import DemoOptions, render_table, run_demo
 
+    if args.json is not None:
+        _check_json_path(parser, args.json)
+    if args.fsdp == "simple":
+        if args.chunk:
+            parser.error("argument --fsdp simple: --chunk needs the model kit's MoE (--fsdp ap)")
+        from ap_backend.demo import require_simple_fsdp
+
+        try:
+            require_simple_fsdp()
+        except ImportError as exc:
+            parser.error(f"argument --fsdp: {str(exc).splitlines()[0]}")
     known = {f.name for f in dataclasses.fields(DemoOptions)}
     opts = DemoOptions(**{k: v for k, v in vars(args).items() if k in known})
-    print(f"[ap-backend demo] spawning {opts.ranks} ranks ...", flush=True)
-    summary = run_demo(opts, args.json)
+    try:
+        with _SIGTERM_RAISES:
+            print(f"[ap-backend demo] spawning {opts.ranks} ranks ...", flush=True)
+            summary = run_demo(opts, args.json)
+    except KeyboardInterrupt:
+        print("ap-backend demo: interrupted (Ctrl-C), all ranks stopped", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print("ap-backend demo: terminated (SIGTERM), all ranks stopped", file=sys.stderr)
+        return 143
     print(render_table(summary))
     if summary["mismatches"]:
         print(

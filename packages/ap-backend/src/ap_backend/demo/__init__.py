@@ -12,6 +12,9 @@ tests and the end-to-end benchmark all drive it through these names:
 * :func:`spawn_ranks` / :class:`RankError` / :func:`free_port` -- run a function on N local
   gloo ranks (127.0.0.1) and collect one result per rank; a failing rank's traceback is
   re-raised in the parent as :class:`RankError`.
+* :func:`simple_fsdp` / :func:`require_simple_fsdp` -- the demo model on torchtitan's
+  SimpleFSDP (``TrainSpec(fsdp="simple")``, ``ap-backend demo --fsdp simple``); torchtitan is
+  imported only then.
 * :class:`DemoOptions` / :func:`build_spec` / :func:`run_demo` / :func:`summarize` /
   :func:`render_table` -- what ``ap-backend demo`` runs and prints::
 
@@ -21,6 +24,7 @@ tests and the end-to-end benchmark all drive it through these names:
 """
 
 from ap_backend.demo._run import DEMO_AC_STAGE_GIB, DemoOptions, build_spec, run_demo, summarize
+from ap_backend.demo._simple_fsdp import require_simple_fsdp, simple_fsdp
 from ap_backend.demo._spawn import RankError, free_port, spawn_ranks
 from ap_backend.demo._table import render_table
 from ap_backend.demo._train import TrainSpec, Variant, run_rank
@@ -34,8 +38,10 @@ __all__ = [
     "build_spec",
     "free_port",
     "render_table",
+    "require_simple_fsdp",
     "run_demo",
     "run_rank",
+    "simple_fsdp",
     "spawn_ranks",
     "summarize",
 ]

@@ -24,9 +24,11 @@ DEMO_AC_STAGE_GIB = 3e-5
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What ``ap-backend demo`` runs: model depth, steps, gloo ranks, and which passes are on
+    """What ``ap-backend demo`` runs: model depth, steps, gloo ranks, which passes are on
     (``ac``: AC staging in both compilations; ``bucketing``: ap-bucketing + overlap scheduling;
-    ``chunk``: the MoE model with ``layers.*.moe`` chunked in two along tokens)."""
+    ``chunk``: the MoE model with ``layers.*.moe`` chunked in two along tokens) and the FSDP
+    engine (``fsdp``: ``"ap"``, the model kit's all-gathers, or ``"simple"``, torchtitan's
+    SimpleFSDP with DTensor parameters)."""
 
     layers: int = 2
     steps: int = 4
@@ -35,6 +37,13 @@ class DemoOptions:
     bucketing: bool = True
     chunk: bool = False
     attention: str = "matmul"
+    fsdp: str = "ap"
+
+    def __post_init__(self) -> None:
+        if self.fsdp not in ("ap", "simple"):
+            raise ValueError(f"DemoOptions: fsdp must be 'ap' or 'simple', got {self.fsdp!r}")
+        if self.fsdp == "simple" and self.chunk:
+            raise ValueError("DemoOptions: chunk needs the model kit's MoE (fsdp='ap')")
 
 
 def build_spec(opts: DemoOptions) -> TrainSpec:
@@ -64,6 +73,8 @@ def build_spec(opts: DemoOptions) -> TrainSpec:
         measure_min_cut_ac=True,
         min_cut_ac_stage_gib=DEMO_AC_STAGE_GIB,
         progress=True,
+        fsdp="simple" if opts.fsdp == "simple" else "ap",
+        measure_plain=True,
     )
 
 
@@ -93,6 +104,9 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
             "min_cut_ac": {k: mc[k] for k in ("count", "bytes", "all_gather_outputs_saved")},
             "min_cut_ac_untagged": {
                 k: mcu[k] for k in ("count", "bytes", "all_gather_outputs_saved")
+            },
+            "plain_compile": {
+                k: r0["plain_compile"][k] for k in ("count", "bytes", "all_gather_outputs_saved")
             },
         },
         "replay_fell_back": any(v["fell_back"]),

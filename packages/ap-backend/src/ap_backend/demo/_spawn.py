@@ -3,6 +3,12 @@
 Used by the demo, the cross-package tests and the e2e benchmark. Each rank runs
 ``fn(rank, world_size, *args)`` after ``init_process_group("gloo")`` and returns a picklable
 value; an exception in any rank is re-raised in the parent with that rank's traceback.
+
+Interrupts belong to the parent: the ranks start with SIGINT ignored (a terminal's Ctrl-C
+reaches the whole process group, and a rank importing torch would print a traceback), and when
+the parent is interrupted -- ``KeyboardInterrupt``, or any exception while it waits -- it
+terminates every rank at once (SIGTERM, then SIGKILL after ``STOP_GRACE_S``), so no rank is left
+compiling after the parent is gone.
 """
 
 from __future__ import annotations
@@ -10,12 +16,19 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RankError", "free_port", "spawn_ranks"]
+from ap_tags.scoped import ScopedPatch
+
+__all__ = ["STOP_GRACE_S", "RankError", "free_port", "spawn_ranks"]
+
+#: Seconds a rank gets to exit after SIGTERM before it is killed.
+STOP_GRACE_S = 3.0
 
 
 class RankError(RuntimeError):
@@ -55,6 +68,44 @@ def _rank_main(
         results.put((rank, "error", traceback.format_exc()))
 
 
+def _ignore_sigint() -> Callable[[], None]:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def undo() -> None:
+        signal.signal(signal.SIGINT, previous)
+
+    return undo
+
+
+_SIGINT_IGNORED = ScopedPatch("SIGINT ignored while ranks start", _ignore_sigint)
+
+
+def _start_ignoring_sigint(procs: list[Any]) -> None:
+    """Start ``procs`` with SIGINT ignored: an ignored disposition survives ``exec``, and
+    Python then installs no ``KeyboardInterrupt`` handler in the child. The parent's own
+    handler is put back at once (only the main thread may change it; from another thread the
+    ranks start with the parent's disposition)."""
+    if threading.current_thread() is not threading.main_thread():
+        for p in procs:
+            p.start()
+        return
+    with _SIGINT_IGNORED:
+        for p in procs:
+            p.start()
+
+
+def _stop(procs: list[Any]) -> None:
+    """Terminate every live rank now; kill what is still alive after ``STOP_GRACE_S``."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=STOP_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def spawn_ranks(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 600.0
 ) -> list[Any]:
@@ -66,10 +117,9 @@ def spawn_ranks(
         ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, results), daemon=False)
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
     out: dict[int, Any] = {}
     errors: list[str] = []
+    _start_ignoring_sigint(procs)
     try:
         while len(out) + len(errors) < world_size:
             try:
@@ -81,6 +131,9 @@ def spawn_ranks(
             else:
                 errors.append(f"rank {rank} failed:\n{value}")
                 break
+    except BaseException:
+        _stop(procs)  # interrupted (Ctrl-C, SIGTERM turned into an exception) or timed out
+        raise
     finally:
         for p in procs:
             p.join(timeout=5 if errors else 60)

@@ -28,12 +28,13 @@ def render_table(s: dict[str, Any]) -> str:
         "save_all": "SaveAll (backend)",
         "min_cut_ac": "min-cut + AC",
         "min_cut_ac_untagged": "min-cut + AC, no first compile",
+        "plain_compile": "plain torch.compile (min-cut)",
     }
     for key, label in labels.items():
         sv = s["saved"][key]
         rows.append((f"saved activations: {label}", f"{sv['count']} ({_kb(sv['bytes'])})"))
     ag = " / ".join(str(s["saved"][k]["all_gather_outputs_saved"]) for k in labels)
-    rows.append(("all-gather outputs saved (first / SaveAll / min-cut+AC / untagged)", ag))
+    rows.append(("all-gather outputs saved (first / SaveAll / min-cut+AC / untagged / plain)", ag))
     rows.append(("buckets formed (fw + bw)", str(s["buckets_formed"])))
     c = s["compile_s"]
     rows.append(
@@ -45,7 +46,8 @@ def render_table(s: dict[str, Any]) -> str:
     head = (
         f"ap-backend demo: {o['ranks']} ranks (gloo), {o['layers']} layers, {o['steps']} steps, "
         f"AC {'on' if o['ac'] else 'off'}, bucketing {'on' if o['bucketing'] else 'off'}, "
-        f"chunk {'on' if o['chunk'] else 'off'}"
+        f"chunk {'on' if o['chunk'] else 'off'}, "
+        f"FSDP {'torchtitan SimpleFSDP' if o.get('fsdp') == 'simple' else 'ap model kit'}"
     )
     lines = [head, f"| {'quantity'.ljust(width)} | {'value'.ljust(vwidth)} |"]
     lines.append(f"|{'-' * (width + 2)}|{'-' * (vwidth + 2)}|")

@@ -22,7 +22,8 @@ from ap_backend import _compat
 from ap_backend._backend import autoparallel_backend
 from ap_backend._measure import measure_saved
 from ap_backend._precompile import precompile
-from ap_backend.models import ModelConfig, Sharding, Transformer
+from ap_backend.demo._simple_fsdp import local_tensor, simple_fsdp
+from ap_backend.models import ModelConfig, Sharding, Transformer, single_rank_sharding
 
 __all__ = ["TrainSpec", "Variant", "run_rank"]
 
@@ -58,14 +59,28 @@ class TrainSpec:
     rtol: float = 1e-5
     atol: float = 1e-6
     progress: bool = False
+    #: the FSDP engine: ``"ap"`` (the model kit's functional all-gathers, no extra
+    #: dependency) or ``"simple"`` (torchtitan's SimpleFSDP: DTensor parameters)
+    fsdp: Literal["ap", "simple"] = "ap"
+    #: also measure what plain ``torch.compile`` (min-cut, no AC, no first compilation) saves
+    measure_plain: bool = False
+
+
+def _model(spec: TrainSpec, sharding: Sharding) -> nn.Module:
+    """The model every run starts from (same seed, same weights): sharded by the model kit,
+    or built unsharded and handed to SimpleFSDP."""
+    if spec.fsdp == "simple":
+        return simple_fsdp(Transformer(spec.model, single_rank_sharding()), sharding.world_size)
+    return Transformer(spec.model, sharding)
 
 
 def _eager_model(spec: TrainSpec, sharding: Sharding, chunk: Any) -> nn.Module:
-    model = Transformer(spec.model, sharding)
+    model = _model(spec, sharding)
     if chunk is not None:
         from ap_epchunk import EagerChunked
 
-        for block in model.layers:
+        layers: Any = model.layers
+        for block in layers:
             moe = getattr(block, "moe", None)
             if moe is not None:
                 block.moe = EagerChunked(moe, chunk.dim, chunk.num_chunks)
@@ -87,7 +102,12 @@ def _train(
         seconds.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
         grads.append(
-            [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+            [
+                local_tensor(p.grad.detach()).clone()
+                if p.grad is not None
+                else torch.zeros_like(local_tensor(p.detach()))
+                for p in params
+            ]
         )
         with torch.no_grad():
             for p in params:
@@ -162,16 +182,22 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
             torch.compiler.reset()
             _say(spec, rank, "measuring min-cut + AC saved sets (tagged and untagged)")
             stage = spec.min_cut_ac_stage_gib
-            model = Transformer(spec.model, sharding)
+            model = _model(spec, sharding)
             first_ac = any(v.first_compile_ac for v in spec.variants)
             pm = precompile(
                 model, batches[0], joint_pass=ap_tags.ac_joint_pass(stage) if first_ac else None
             )
             result["min_cut_ac"] = measure_saved(pm, batches[0], ac_stage_size_gib=stage).to_dict()
             torch.compiler.reset()
-            plain = Transformer(spec.model, sharding)
+            plain = _model(spec, sharding)
             result["min_cut_ac_untagged"] = measure_saved(
                 plain, batches[0], ac_stage_size_gib=stage
+            ).to_dict()
+        if spec.measure_plain:
+            torch.compiler.reset()
+            _say(spec, rank, "measuring plain torch.compile's saved set (min-cut, no AC)")
+            result["plain_compile"] = measure_saved(
+                _model(spec, sharding), batches[0], partitioner="min_cut", enable_ac=False
             ).to_dict()
     return result
 
@@ -195,7 +221,7 @@ def _run_variant(
     names: list[str],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    model = Transformer(spec.model, sharding)
+    model = _model(spec, sharding)
     if variant.backend == "autoparallel":
         t0 = time.perf_counter()
         joint_pass = None
@@ -206,6 +232,8 @@ def _run_variant(
         pm = precompile(model, batches[0], joint_pass=joint_pass)
         out["precompile_s"] = time.perf_counter() - t0
         out["first_partition"] = pm.first_partition.to_dict()
+        out["fsdp_chains"] = len(pm.fsdp_report.chains)
+        out["n_params"] = len(list(model.parameters()))
         backend = autoparallel_backend(**variant.backend_kwargs)
         compiled: Callable[..., torch.Tensor] = torch.compile(pm, backend=backend)
     elif variant.backend == "inductor":
