@@ -39,6 +39,9 @@ CONFIGS: dict[str, dict[str, bool] | None] = {
     "backend": {},
     "full": {"enable_ac": True, "bucketing": True, "overlap_scheduling": True},
 }
+#: configurations of the bucketing-form experiment: ``full`` with torch's bucket mode ``mode``
+#: (``BucketingConfig(bucket_mode=...)``); run with ``--configs``.
+BUCKET_MODES = {"full/custom_ops": "custom_ops"}
 MODEL = "tt_llama3"
 FULL = {"layers": 8, "dim": 512, "seq": 128, "repeats": 3, "steps": 6}
 QUICK = {"layers": 1, "dim": 64, "seq": 16, "repeats": 1, "steps": 3}
@@ -53,7 +56,12 @@ def _worker(config: str, layers: int, dim: int, seq: int, steps: int) -> dict[st
 
     from benchmarks.real_models import build_step
 
-    opts = CONFIGS[config]
+    opts = CONFIGS.get(config)
+    if config in BUCKET_MODES:
+        from ap_bucketing import BucketingConfig
+
+        opts = dict(CONFIGS["full"] or {})
+        opts["bucketing"] = BucketingConfig(bucket_mode=BUCKET_MODES[config])  # type: ignore[assignment]
     with fake_world():
         step, batch = build_step(MODEL, n_layers=layers, dim=dim, seq=seq)
         pre_s = 0.0
@@ -119,13 +127,15 @@ def _spawn(config: str, size: dict[str, int]) -> dict[str, Any]:
         return out
 
 
-def run(quick: bool) -> dict[str, Any]:
-    size = QUICK if quick else FULL
+def run(
+    quick: bool, configs: tuple[str, ...] = tuple(CONFIGS), **overrides: int
+) -> dict[str, Any]:
+    size = {**(QUICK if quick else FULL), **overrides}
     rounds: list[dict[str, dict[str, Any]]] = []
     for _ in range(size["repeats"]):
-        rounds.append({config: _spawn(config, size) for config in CONFIGS})
+        rounds.append({config: _spawn(config, size) for config in configs})
     summary: dict[str, dict[str, float]] = {}
-    for config in CONFIGS:
+    for config in configs:
         got = [r[config] for r in rounds]
         summary[config] = {
             "compile_s": statistics.median(g["compile_s"] for g in got),
@@ -187,4 +197,17 @@ if __name__ == "__main__":
         layers, dim, seq, steps = (int(n) for n in nums)
         print(json.dumps(_worker(cfg, layers, dim, seq, steps)))
     else:
-        print(markdown(run(quick="--quick" in sys.argv)))
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="python -m benchmarks.real_models_compile")
+        parser.add_argument("--quick", action="store_true")
+        parser.add_argument("--configs", default=",".join(CONFIGS))
+        parser.add_argument("--json", type=Path)
+        for key in FULL:
+            parser.add_argument(f"--{key}", type=int)
+        ns = parser.parse_args()
+        sizes = {k: getattr(ns, k) for k in FULL if getattr(ns, k) is not None}
+        result = run(ns.quick, tuple(ns.configs.split(",")), **sizes)
+        if ns.json is not None:
+            ns.json.write_text(json.dumps(result, indent=1))
+        print(markdown(result))
