@@ -47,7 +47,8 @@ MODELS: dict[str, dict[str, int]] = {
     "tt_qwen3_moe": {"dim": 256, "seq": 64},
 }
 LAYERS_FULL = (8, 16)
-LAYERS_QUICK = (2,)
+LAYERS_QUICK = (1,)
+QUICK_MODELS = ("tt_llama3",)
 QUICK_WIDTH = {"dim": 64, "seq": 16}
 
 #: (key, label, partitioner, AC on, on the first compilation's output)
@@ -59,14 +60,23 @@ PARTITIONS = (
 )
 
 
-def build_step(name: str, *, n_layers: int, dim: int, seq: int) -> tuple[nn.Module, tuple[Any, ...]]:
-    """The zoo model ``name`` scaled to ``n_layers``/``dim``/``seq``, wrapped in the zoo's
-    FSDP-style ``FsdpTrainStep`` on the current (fake) process group; and its first batch."""
+def build_step(
+    name: str, *, dtype: torch.dtype | None = None, **size: int
+) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The zoo model ``name`` built at ``size`` (``n_layers``, ``dim``, ``seq``, ...), cast to
+    ``dtype`` when given, wrapped in the zoo's FSDP-style ``FsdpTrainStep`` on the current (fake)
+    process group; and its first batch."""
     from zoo.fsdp import FsdpTrainStep
     from zoo.models import torchtitan_models
 
-    builder = {"tt_llama3": torchtitan_models.llama3, "tt_qwen3_moe": torchtitan_models.qwen3_moe}
-    zm = builder[name](1, n_layers=n_layers, dim=dim, seq=seq)
+    builder = {
+        "tt_llama3": torchtitan_models.llama3,
+        "tt_qwen3_moe": torchtitan_models.qwen3_moe,
+        "tt_llama3_8b": torchtitan_models.llama3_8b,
+    }
+    zm = builder[name](1, **size)
+    if dtype is not None:
+        zm.module.to(dtype)
     step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
     return step, tuple(zm.batches[0])
 
@@ -168,8 +178,17 @@ def measure(name: str, n_layers: int, width: dict[str, int]) -> dict[str, Any]:
     """Every partition of one model size, graph and run-time measures side by side."""
     torch.compiler.reset()
     step, batch = build_step(name, n_layers=n_layers, **width)
-    held = _held(step, batch)
     n_params = sum(s.numel() * 8 for s in step.parameters())  # fake world size 8
+    rows = measure_step(step, batch, PARTITIONS)
+    return {"model": name, "layers": n_layers, **width, "params": n_params, "partitions": rows}
+
+
+def measure_step(
+    step: nn.Module, batch: tuple[Any, ...], partitions: Sequence[tuple[Any, ...]]
+) -> dict[str, Any]:
+    """The first partition (``precompile``) and every one of ``partitions`` (see
+    :data:`PARTITIONS`) of ``step`` on ``batch``: graph and run-time measures per key."""
+    held = _held(step, batch)
     start = time.perf_counter()
     pm = precompile(step, batch)
     first_s = time.perf_counter() - start
@@ -188,7 +207,7 @@ def measure(name: str, n_layers: int, width: dict[str, int]) -> dict[str, Any]:
             "s": first_s,
         }
     }
-    for key, _, cls, ac, tagged in PARTITIONS:
+    for key, _, cls, ac, tagged in partitions:
         torch.compiler.reset()
         reports: list[PartitionReport] = []
         module = pm if tagged else step
@@ -200,19 +219,15 @@ def measure(name: str, n_layers: int, width: dict[str, int]) -> dict[str, Any]:
         loss.backward()
         step.zero_grad(set_to_none=True)
         rows[key] = _row(reports[-1] if reports else None, rt, seconds)
-    return {
-        "model": name,
-        "layers": n_layers,
-        **width,
-        "params": n_params,
-        "partitions": rows,
-    }
+    return rows
 
 
 def run(quick: bool) -> dict[str, Any]:
     results = []
     with fake_world():
         for name, width in MODELS.items():
+            if quick and name not in QUICK_MODELS:
+                continue
             for n in LAYERS_QUICK if quick else LAYERS_FULL:
                 results.append(measure(name, n, QUICK_WIDTH if quick else width))
     return {"rows": results}

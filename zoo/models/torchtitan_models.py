@@ -19,7 +19,7 @@ import torch
 
 from zoo.models._base import SEQ, VOCAB, ZooModel, cross_entropy_logits, token_batches
 
-__all__ = ["deepseek_v3", "llama3", "qwen3", "qwen3_moe"]
+__all__ = ["deepseek_v3", "llama3", "llama3_8b", "qwen3", "qwen3_moe"]
 
 LIBRARY = "torchtitan 0.3.0"
 _NOTES = [
@@ -234,4 +234,33 @@ def deepseek_v3(steps: int) -> ZooModel:
         cfg,
         steps,
         bf16=True,
+    )
+
+
+def llama3_8b(steps: int, *, n_layers: int, seq: int = SEQ, vocab: int = VOCAB) -> ZooModel:
+    """torchtitan's own LLaMA-3 8B config (dim 4096, 32 q / 8 kv heads, FFN 14336) cut to its
+    first ``n_layers`` layers, with a ``vocab``-token embedding and head: the real per-layer
+    shapes for the benchmarks' 8B projection (each layer is ~218 M parameters)."""
+    import torchtitan.models.llama3 as tt
+    from torchtitan.models.common import Embedding, Linear
+
+    full = tt._8b(attn_backend="flex")
+    dim = full.dim
+    cfg = dataclasses.replace(
+        full,
+        vocab_size=vocab,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
+        ),
+        lm_head=Linear.Config(
+            in_features=dim, out_features=vocab, param_init=tt._output_linear_init(dim)
+        ),
+        layers=full.layers[:n_layers],
+    )
+    return _finish(
+        "tt_llama3_8b",
+        f"torchtitan 8B config, first {n_layers} layers, vocab {vocab}",
+        cfg,
+        steps,
+        seq=seq,
     )
