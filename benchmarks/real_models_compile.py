@@ -127,12 +127,12 @@ def _spawn(config: str, size: dict[str, int]) -> dict[str, Any]:
         return out
 
 
-def run(
-    quick: bool, configs: tuple[str, ...] = tuple(CONFIGS), **overrides: int
-) -> dict[str, Any]:
+def run(quick: bool, configs: tuple[str, ...] = tuple(CONFIGS), **overrides: int) -> dict[str, Any]:
     if quick and not overrides:
-        return {"skipped": "full run only: a fresh-cache Inductor compile per configuration "
-                "takes minutes on 2 shared cores"}
+        return {
+            "skipped": "full run only: a fresh-cache Inductor compile per configuration "
+            "takes minutes on 2 shared cores"
+        }
     size = {**(QUICK if quick else FULL), **overrides}
     rounds: list[dict[str, dict[str, Any]]] = []
     for _ in range(size["repeats"]):
