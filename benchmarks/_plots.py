@@ -103,8 +103,8 @@ def _draw_saved(path: Path, result: dict[str, Any]) -> str:
         xs = [j + i * width for j in range(len(rows))]
         total = [r["partitions"][key]["bytes"] / 2**20 for r in rows]
         gathered = [(r["partitions"][key].get("all_gather_bytes") or 0) / 2**20 for r in rows]
-        bars = ax.bar(xs, total, width, label=label)
-        ax.bar(xs, gathered, width, fill=False, hatch="//", edgecolor=bars[0].get_facecolor())
+        ax.bar(xs, total, width, label=label)
+        ax.bar(xs, gathered, width, bottom=0, fill=False, hatch="//", edgecolor="black")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
     ax.set_xticklabels([f"{r['model']}\n{r['layers']} layers" for r in rows])
     ax.set_ylabel("saved for backward, MiB (hatched: all-gather outputs)")

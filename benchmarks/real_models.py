@@ -75,8 +75,9 @@ def build_step(
         "tt_llama3_8b": torchtitan_models.llama3_8b,
     }
     zm = builder[name](1, **size)
-    if dtype is not None:
-        zm.module.to(dtype)
+    if dtype is not None:  # parameters only (FSDP's parameter dtype); buffers such as the
+        for param in zm.module.parameters():  # complex RoPE table keep theirs
+            param.data = param.data.to(dtype)
     step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
     return step, tuple(zm.batches[0])
 
