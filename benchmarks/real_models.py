@@ -197,17 +197,11 @@ def measure_step(
     first_rt = runtime_saved(loss, held)
     loss.backward()
     first = pm.first_partition
-    rows: dict[str, Any] = {
-        "first": {
-            "count": first.count,
-            "bytes": first.nbytes,
-            "all_gather_count": len(first.all_gather_outputs),
-            "all_gather_bytes": None,  # SavedSummary names them; bytes only when any
-            "runtime_count": first_rt.count,
-            "runtime_bytes": first_rt.nbytes,
-            "s": first_s,
-        }
-    }
+    row: dict[str, Any] = {"runtime_count": first_rt.count, "runtime_bytes": first_rt.nbytes}
+    row.update(s=first_s, count=first.count, bytes=first.nbytes)
+    # SavedSummary names the all-gather outputs it saved; their bytes come from PartitionReport
+    row.update(all_gather_count=len(first.all_gather_outputs), all_gather_bytes=None)
+    rows: dict[str, Any] = {"first": row}
     for key, _, cls, ac, tagged in partitions:
         torch.compiler.reset()
         reports: list[PartitionReport] = []
