@@ -39,9 +39,10 @@ CONFIGS: dict[str, dict[str, bool] | None] = {
     "backend": {},
     "full": {"enable_ac": True, "bucketing": True, "overlap_scheduling": True},
 }
-#: configurations of the bucketing-form experiment: ``full`` with torch's bucket mode ``mode``
-#: (``BucketingConfig(bucket_mode=...)``); run with ``--configs``.
-BUCKET_MODES = {"full/custom_ops": "custom_ops"}
+#: configurations of the bucketing-form experiment: ``full`` with torch's bucket mode forced
+#: (``BucketingConfig(bucket_mode=...)``; ``full`` itself uses ap-bucketing's default,
+#: ``"custom_ops"``); run with ``--configs``.
+BUCKET_MODES = {"full/default": "default", "full/custom_ops": "custom_ops"}
 MODEL = "tt_llama3"
 FULL = {"layers": 8, "dim": 512, "seq": 128, "repeats": 3, "steps": 6}
 QUICK = {"layers": 1, "dim": 64, "seq": 16, "repeats": 1, "steps": 3}

@@ -42,7 +42,9 @@ class BucketingConfig:
         non_adjacent: group collectives by key without requiring them to be adjacent in wait
             order (interleaved dp/tp collectives otherwise never bucket).
         bucket_mode: how torch materialises a bucket (one of :data:`BUCKET_MODES`), handed to
-            its FSDP pre-bucketing and overlap scheduler.
+            its FSDP pre-bucketing and overlap scheduler. ``"custom_ops"`` by default: with
+            ``"default"`` every bucket becomes per-member copy kernels that Inductor compiles
+            (34 C++ kernels instead of 15 on a 2-layer Llama3, see benchmarks/RESULTS.md).
     """
 
     max_topo_span: int | None = 1500
@@ -50,7 +52,7 @@ class BucketingConfig:
     bucket_cap_mb: float | None = None
     primary_group_only: bool = True
     non_adjacent: bool = True
-    bucket_mode: str = "default"
+    bucket_mode: str = "custom_ops"
 
     def __post_init__(self) -> None:
         where = "BucketingConfig"
