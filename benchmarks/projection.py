@@ -16,11 +16,12 @@ layers. Activations are at sequence 16, batch 2 (all-gather bytes do not depend 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import torch
 from ap_partitioner import MinCutPartitioner
 from ap_testing.distributed import fake_world
+from torch import nn
 
 from benchmarks import markdown_table
 from benchmarks.real_models import PARTITIONS, build_step, measure_step
@@ -38,8 +39,11 @@ PROJECTION_PARTITIONS = (
 
 def _measure(n_layers: int) -> dict[str, Any]:
     torch.compiler.reset()
-    step, batch = build_step("tt_llama3_8b", dtype=torch.bfloat16, n_layers=n_layers, seq=SEQ)
-    full_params = sum(p.numel() for p in step.model.parameters())  # type: ignore[operator]
+    step, batch = build_step(
+        "tt_llama3_8b", {"n_layers": n_layers, "seq": SEQ}, dtype=torch.bfloat16
+    )
+    model: nn.Module = cast(Any, step).model  # FsdpTrainStep's unsharded model
+    full_params = sum(p.numel() for p in model.parameters())
     rows = measure_step(step, batch, PROJECTION_PARTITIONS)
     return {"layers": n_layers, "full_params": full_params, "partitions": rows}
 

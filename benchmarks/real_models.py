@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ PARTITIONS = (
 
 
 def build_step(
-    name: str, *, dtype: torch.dtype | None = None, **size: int
+    name: str, size: dict[str, int], *, dtype: torch.dtype | None = None
 ) -> tuple[nn.Module, tuple[Any, ...]]:
     """The zoo model ``name`` built at ``size`` (``n_layers``, ``dim``, ``seq``, ...), cast to
     ``dtype`` when given, wrapped in the zoo's FSDP-style ``FsdpTrainStep`` on the current (fake)
@@ -69,7 +69,7 @@ def build_step(
     from zoo.fsdp import FsdpTrainStep
     from zoo.models import torchtitan_models
 
-    builder = {
+    builder: dict[str, Callable[..., Any]] = {
         "tt_llama3": torchtitan_models.llama3,
         "tt_qwen3_moe": torchtitan_models.qwen3_moe,
         "tt_llama3_8b": torchtitan_models.llama3_8b,
@@ -143,7 +143,7 @@ def runtime_saved(loss: torch.Tensor, held: Sequence[torch.Tensor]) -> RuntimeSa
         seen.add(fn)
         tensors: list[Any] = []
         with contextlib.suppress(RuntimeError, AttributeError):
-            tensors.extend(fn.saved_tensors)
+            tensors.extend(getattr(fn, "saved_tensors"))  # noqa: B009 (not on every node type)
         for attr in dir(fn):
             if attr.startswith("_saved_") and not attr.endswith("_raw"):
                 with contextlib.suppress(RuntimeError):
@@ -178,7 +178,7 @@ def _row(report: PartitionReport | None, rt: RuntimeSaved, seconds: float) -> di
 def measure(name: str, n_layers: int, width: dict[str, int]) -> dict[str, Any]:
     """Every partition of one model size, graph and run-time measures side by side."""
     torch.compiler.reset()
-    step, batch = build_step(name, n_layers=n_layers, **width)
+    step, batch = build_step(name, {"n_layers": n_layers, **width})
     n_params = sum(s.numel() * 8 for s in step.parameters())  # fake world size 8
     rows = measure_step(step, batch, PARTITIONS)
     return {"model": name, "layers": n_layers, **width, "params": n_params, "partitions": rows}

@@ -57,14 +57,14 @@ def _worker(config: str, layers: int, dim: int, seq: int, steps: int) -> dict[st
 
     from benchmarks.real_models import build_step
 
-    opts = CONFIGS.get(config)
+    opts: dict[str, Any] | None = CONFIGS.get(config)
     if config in BUCKET_MODES:
         from ap_bucketing import BucketingConfig
 
         opts = dict(CONFIGS["full"] or {})
-        opts["bucketing"] = BucketingConfig(bucket_mode=BUCKET_MODES[config])  # type: ignore[assignment]
+        opts["bucketing"] = BucketingConfig(bucket_mode=BUCKET_MODES[config])
     with fake_world():
-        step, batch = build_step(MODEL, n_layers=layers, dim=dim, seq=seq)
+        step, batch = build_step(MODEL, {"n_layers": layers, "dim": dim, "seq": seq})
         pre_s = 0.0
         if opts is None:
             compiled = torch.compile(step)
