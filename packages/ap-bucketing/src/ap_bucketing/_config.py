@@ -42,9 +42,10 @@ class BucketingConfig:
         non_adjacent: group collectives by key without requiring them to be adjacent in wait
             order (interleaved dp/tp collectives otherwise never bucket).
         bucket_mode: how torch materialises a bucket (one of :data:`BUCKET_MODES`), handed to
-            its FSDP pre-bucketing and overlap scheduler. ``"custom_ops"`` by default: with
-            ``"default"`` every bucket becomes per-member copy kernels that Inductor compiles
-            (34 C++ kernels instead of 15 on a 2-layer Llama3, see benchmarks/RESULTS.md).
+            its FSDP pre-bucketing and overlap scheduler. ``"custom_ops"`` compiles far fewer
+            kernels (15 instead of 34 C++ kernels on a 2-layer Llama3) but produced NaN losses
+            in the 2-rank gloo demo on CPU, so ``"default"`` stays the default (see
+            benchmarks/RESULTS.md, section 7).
     """
 
     max_topo_span: int | None = 1500
@@ -52,7 +53,7 @@ class BucketingConfig:
     bucket_cap_mb: float | None = None
     primary_group_only: bool = True
     non_adjacent: bool = True
-    bucket_mode: str = "custom_ops"
+    bucket_mode: str = "default"
 
     def __post_init__(self) -> None:
         where = "BucketingConfig"
