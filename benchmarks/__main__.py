@@ -29,6 +29,9 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("bucketing", "3. Bucketing: patched vs upstream"),
     ("chunking", "4. Chunk pass time and node counts"),
     ("e2e", "5. End to end on the demo model"),
+    ("real_models", "6. Real models: activation memory saved for backward (graph and run time)"),
+    ("real_models_compile", "7. Real models: compile time and step time vs stock Inductor"),
+    ("projection", "8. Projection to LLaMA-3 8B on 128 ranks: saved all-gather bytes"),
 )
 
 

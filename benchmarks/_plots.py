@@ -78,8 +78,50 @@ def _draw(path: Path, plot: _Plot, series: Series) -> str:
     return str(path)
 
 
+#: section 6's partitions, in bar order: (key in a row's "partitions", legend label)
+_SAVED_BARS = (
+    ("first", "first partition"),
+    ("save_all", "SaveAll"),
+    ("save_all_ac", "SaveAll + AC"),
+    ("min_cut_ac", "min-cut + AC"),
+    ("plain", "plain torch.compile"),
+)
+
+
+def _draw_saved(path: Path, result: dict[str, Any]) -> str:
+    """Grouped bars: saved activation MiB (graph measure; hatched part = all-gather outputs)
+    per partition, one group per model and layer count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    width = 0.8 / len(_SAVED_BARS)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, (key, label) in enumerate(_SAVED_BARS):
+        xs = [j + i * width for j in range(len(rows))]
+        total = [r["partitions"][key]["bytes"] / 2**20 for r in rows]
+        gathered = [(r["partitions"][key].get("all_gather_bytes") or 0) / 2**20 for r in rows]
+        ax.bar(xs, total, width, label=label)
+        ax.bar(xs, gathered, width, bottom=0, fill=False, hatch="//", edgecolor="black")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticklabels([f"{r['model']}\n{r['layers']} layers" for r in rows])
+    ax.set_ylabel("saved for backward, MiB (hatched: all-gather outputs)")
+    ax.set_title("Activation memory saved for backward (graph measure)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def plot_section(name: str, result: dict[str, Any], out: Path) -> list[str]:
     """PNG paths drawn for section ``name`` (none for sections without a size axis)."""
+    if name == "real_models" and result.get("rows"):
+        out.mkdir(parents=True, exist_ok=True)
+        return [_draw_saved(out / "real_models_saved.png", result)]
     plot = _PLOTS.get(name)
     if plot is None:
         return []

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("memory", "partitioner", "bucketing", "chunking", "e2e")
+SECTIONS = (
+    "memory",
+    "partitioner",
+    "bucketing",
+    "chunking",
+    "e2e",
+    "real_models",
+    "real_models_compile",
+    "projection",
+)
 
 
 @pytest.mark.slow
@@ -39,10 +48,13 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert sections["bucketing"]["rows"]
     assert sections["chunking"]["rows"]
     assert {row["name"] for row in sections["e2e"]["rows"]} >= {"eager", "stock Inductor"}
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5."):
+    real = sections["real_models"]["rows"][0]["partitions"]
+    assert real["save_all"]["runtime_bytes"] == real["save_all"]["bytes"]  # the two measures
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 8."):
         assert heading in proc.stdout
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "bucketing_time.png",
         "chunking_time.png",
         "partitioner_time.png",
+        "real_models_saved.png",
     ]

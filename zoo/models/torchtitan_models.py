@@ -19,7 +19,7 @@ import torch
 
 from zoo.models._base import SEQ, VOCAB, ZooModel, cross_entropy_logits, token_batches
 
-__all__ = ["deepseek_v3", "llama3", "qwen3", "qwen3_moe"]
+__all__ = ["deepseek_v3", "llama3", "llama3_8b", "qwen3", "qwen3_moe"]
 
 LIBRARY = "torchtitan 0.3.0"
 _NOTES = [
@@ -28,17 +28,19 @@ _NOTES = [
 ]
 
 
-def _cpu_attention(layers: list[Any]) -> None:
+def _cpu_attention(layers: list[Any], seq: int = SEQ) -> None:
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
     for layer in layers:
         att = layer.attention
         att.inner_attention = ScaledDotProductAttention.Config()
-        att.rope = dataclasses.replace(att.rope, max_seq_len=SEQ)
+        att.rope = dataclasses.replace(att.rope, max_seq_len=seq)
 
 
-def _finish(name: str, config: str, cfg: Any, steps: int, *, bf16: bool = False) -> ZooModel:
-    _cpu_attention(cfg.layers)
+def _finish(
+    name: str, config: str, cfg: Any, steps: int, *, bf16: bool = False, seq: int = SEQ
+) -> ZooModel:
+    _cpu_attention(cfg.layers, seq)
     torch.manual_seed(0)
     model = cfg.build()
     model.init_states()
@@ -48,7 +50,7 @@ def _finish(name: str, config: str, cfg: Any, steps: int, *, bf16: bool = False)
         library=LIBRARY,
         config=config,
         module=model,
-        batches=list(token_batches(steps)),
+        batches=list(token_batches(steps, seq=seq)),
         n_model_inputs=1,
         loss_fn=cross_entropy_logits,
         bf16=bf16,
@@ -56,8 +58,9 @@ def _finish(name: str, config: str, cfg: Any, steps: int, *, bf16: bool = False)
     )
 
 
-def llama3(steps: int) -> ZooModel:
-    """Llama3 ``debugmodel`` shape (fused QKV, complex RoPE with llama scaling), 2 layers."""
+def llama3(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
+    """Llama3 ``debugmodel`` shape (fused QKV, complex RoPE with llama scaling), 2 layers
+    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
     import torchtitan.models.llama3 as tt
     from torchtitan.models.common import (
         ComplexRoPE,
@@ -67,7 +70,7 @@ def llama3(steps: int) -> ZooModel:
         compute_ffn_hidden_dim,
     )
 
-    dim, n_heads = 64, 4
+    n_heads = 4
     cfg = tt.Llama3Model.Config(
         dim=dim,
         vocab_size=VOCAB,
@@ -80,18 +83,22 @@ def llama3(steps: int) -> ZooModel:
         ),
         layers=tt._build_llama3_layers(
             fuse_qkv=True,
-            n_layers=2,
+            n_layers=n_layers,
             dim=dim,
             n_heads=n_heads,
             hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=32),
             rope=ComplexRoPE.Config(
-                dim=dim // n_heads, max_seq_len=SEQ, theta=500000, scaling="llama"
+                dim=dim // n_heads, max_seq_len=seq, theta=500000, scaling="llama"
             ),
             attn_backend="flex",
         ),
     )
     return _finish(
-        "tt_llama3", f"debugmodel shape: dim {dim}, 4 heads, 2 layers, vocab {VOCAB}", cfg, steps
+        "tt_llama3",
+        f"debugmodel shape: dim {dim}, 4 heads, {n_layers} layers, vocab {VOCAB}",
+        cfg,
+        steps,
+        seq=seq,
     )
 
 
@@ -130,12 +137,13 @@ def qwen3(steps: int) -> ZooModel:
     )
 
 
-def qwen3_moe(steps: int) -> ZooModel:
-    """Qwen3 ``debugmodel_moe`` shape (softmax top-k router, grouped bf16 experts)."""
+def qwen3_moe(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
+    """Qwen3 ``debugmodel_moe`` shape (softmax top-k router, grouped bf16 experts), 2 layers
+    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
     import torchtitan.models.qwen3 as tt
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
 
-    dim, head_dim = 64, 16
+    head_dim = 16
     cfg = tt.Qwen3Model.Config(
         vocab_size=VOCAB,
         dim=dim,
@@ -146,25 +154,26 @@ def qwen3_moe(steps: int) -> ZooModel:
         lm_head=Linear.Config(in_features=dim, out_features=VOCAB, param_init=tt._LINEAR_INIT),
         layers=tt._build_qwen3_moe_layers(
             fuse_qkv=True,
-            n_layers=2,
+            n_layers=n_layers,
             dim=dim,
             n_heads=4,
             n_kv_heads=2,
             head_dim=head_dim,
-            moe_hidden_dim=32,
+            moe_hidden_dim=dim // 2,
             num_experts=8,
             top_k=2,
             attn_backend="flex",
-            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=SEQ, theta=1000000.0),
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=seq, theta=1000000.0),
             moe_comm_backend="standard",
         ),
     )
     return _finish(
         "tt_qwen3_moe",
-        f"debugmodel_moe shape: dim {dim}, 8 experts top-2, 2 layers, vocab {VOCAB}",
+        f"debugmodel_moe shape: dim {dim}, 8 experts top-2, {n_layers} layers, vocab {VOCAB}",
         cfg,
         steps,
         bf16=True,
+        seq=seq,
     )
 
 
@@ -225,4 +234,33 @@ def deepseek_v3(steps: int) -> ZooModel:
         cfg,
         steps,
         bf16=True,
+    )
+
+
+def llama3_8b(steps: int, *, n_layers: int, seq: int = SEQ, vocab: int = VOCAB) -> ZooModel:
+    """torchtitan's own LLaMA-3 8B config (dim 4096, 32 q / 8 kv heads, FFN 14336) cut to its
+    first ``n_layers`` layers, with a ``vocab``-token embedding and head: the real per-layer
+    shapes for the benchmarks' 8B projection (each layer is ~218 M parameters)."""
+    import torchtitan.models.llama3 as tt
+    from torchtitan.models.common import Embedding, Linear
+
+    full = tt._8b(attn_backend="flex")
+    dim = full.dim
+    cfg = dataclasses.replace(
+        full,
+        vocab_size=vocab,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
+        ),
+        lm_head=Linear.Config(
+            in_features=dim, out_features=vocab, param_init=tt._output_linear_init(dim)
+        ),
+        layers=full.layers[:n_layers],
+    )
+    return _finish(
+        "tt_llama3_8b",
+        f"torchtitan 8B config, first {n_layers} layers, vocab {vocab}",
+        cfg,
+        steps,
+        seq=seq,
     )

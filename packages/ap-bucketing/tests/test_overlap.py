@@ -43,6 +43,22 @@ def test_prebucketing_only_merges_all_gathers_and_reduce_scatters(fake_pg: str) 
     gm.graph.lint()
 
 
+@pytest.mark.parametrize("reorder", [False, True])
+@pytest.mark.parametrize("mode", ["default", "custom_ops"])
+def test_bucket_mode_reaches_torchs_bucketing(fake_pg: str, mode: str, reorder: bool) -> None:
+    """``BucketingConfig.bucket_mode`` decides torch's bucket form, with and without the
+    scheduler: ``custom_ops`` packs each bucket in one opaque op, ``default`` in copies."""
+    gm = backward_like_graph(6, fake_pg)
+    config = BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0, bucket_mode=mode)
+    OverlapBucketingPass(config, cpu=True, reorder=reorder)(gm.graph)
+    gm.graph.lint()
+    packs = _count(gm, torch.ops.bucketing._pre_bucket_all_gather.default) + _count(
+        gm, torch.ops.bucketing._pre_bucket_reduce_scatter.default
+    )
+    assert _count(gm, *_AGS) == 1
+    assert packs == (2 if mode == "custom_ops" else 0)
+
+
 def test_span_cap_bounds_compute_between_reduce_scatters(fake_pg: str) -> None:
     results = {}
     for span in (None, 40):

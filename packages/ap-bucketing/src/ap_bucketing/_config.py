@@ -16,6 +16,12 @@ from dataclasses import dataclass
 from ._checks import require_bool, require_instance, require_int, require_mib
 from ._source import package_source_hash
 
+#: torch's bucket forms ap-bucketing passes on (``bucketing.BucketMode``): ``"default"`` packs
+#: a bucket with explicit copies into one flat buffer and slices it back out; ``"custom_ops"``
+#: packs and unpacks inside one opaque custom op per bucket, so Inductor sees two extern calls
+#: instead of a copy kernel per member.
+BUCKET_MODES: tuple[str, ...] = ("default", "custom_ops")
+
 
 @dataclass(frozen=True)
 class BucketingConfig:
@@ -35,6 +41,11 @@ class BucketingConfig:
             by the FSDP all-reduce path and do not steer the cap).
         non_adjacent: group collectives by key without requiring them to be adjacent in wait
             order (interleaved dp/tp collectives otherwise never bucket).
+        bucket_mode: how torch materialises a bucket (one of :data:`BUCKET_MODES`), handed to
+            its FSDP pre-bucketing and overlap scheduler. ``"custom_ops"`` compiles far fewer
+            kernels (15 instead of 34 C++ kernels on a 2-layer Llama3) but produced NaN losses
+            in the 2-rank gloo demo on CPU, so ``"default"`` stays the default (see
+            benchmarks/RESULTS.md, section 7).
     """
 
     max_topo_span: int | None = 1500
@@ -42,6 +53,7 @@ class BucketingConfig:
     bucket_cap_mb: float | None = None
     primary_group_only: bool = True
     non_adjacent: bool = True
+    bucket_mode: str = "default"
 
     def __post_init__(self) -> None:
         where = "BucketingConfig"
@@ -52,6 +64,12 @@ class BucketingConfig:
             require_mib(self.bucket_cap_mb, where=where, arg="bucket_cap_mb")
         require_bool(self.primary_group_only, where=where, arg="primary_group_only")
         require_bool(self.non_adjacent, where=where, arg="non_adjacent")
+        require_instance(self.bucket_mode, str, where=where, arg="bucket_mode", expected="a str")
+        if self.bucket_mode not in BUCKET_MODES:
+            raise ValueError(
+                f"{where}: bucket_mode must be one of {', '.join(map(repr, BUCKET_MODES))}, "
+                f"got {self.bucket_mode!r}"
+            )
 
     def fingerprint(self) -> str:
         """A short stable hash of every field plus the package's source code.

@@ -138,6 +138,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         kwargs["max_compute_pre_fetch"] = self.config.max_compute_pre_fetch
         kwargs["pre_bucketing_fsdp_collectives"] = True
         kwargs["pre_bucketing_fsdp_collectives_bucket_cap_mb"] = self.config.bucket_cap_mb
+        kwargs["bucket_mode"] = self.config.bucket_mode
         if self.cpu:
             kwargs["compute_estimator"] = "analytical"
             kwargs["enable_fusion_regions"] = False
@@ -160,7 +161,9 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 _compat.schedule_overlap_bucketing()(gm, **self.schedule_kwargs())
             else:
                 pre_bucket = _compat.pre_bucket_fsdp_collectives()
-                pre_bucket(gm, bucket_cap_mb=self.config.bucket_cap_mb)
+                pre_bucket(
+                    gm, bucket_cap_mb=self.config.bucket_cap_mb, mode=self.config.bucket_mode
+                )
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
                 _compat.stable_topological_sort(graph)

@@ -55,8 +55,6 @@ _PARTITIONER_NAMES = (
     "is_sym_node",
     "min_cut_rematerialization_partition",
     "must_recompute",
-    "raise_getitems",
-    "reordering_to_mimic_autograd_engine",
     "thread_graphsafe_rng_from_hops",
 )
 

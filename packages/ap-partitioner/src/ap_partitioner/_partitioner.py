@@ -31,10 +31,10 @@ from ap_partitioner._call_args import PartitionCall, check_call
 from ap_partitioner._compat import CustomPartitionerFn
 from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
 from ap_partitioner._dce import wait_tensor_dce
+from ap_partitioner._epilogue import run_epilogue
 from ap_partitioner._fallback_tags import release_unsatisfiable_recompute, sanitize_tags
 from ap_partitioner._prologue import (
     Prologue,
-    run_epilogue,
     run_prologue,
     save_effectful_instead_of_recompute,
 )

@@ -110,24 +110,3 @@ def run_prologue(joint_module: fx.GraphModule) -> Prologue:
     mod.force_save_effectful_ops(joint_module)
     mod.force_save_bw_mutation_src(joint_module)
     return Prologue(joint_module, has_recompute, has_rng, retagged)
-
-
-def run_epilogue(
-    prologue: Prologue,
-    fw_module: fx.GraphModule,
-    bw_module: fx.GraphModule,
-    num_saved_sym_nodes: int,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """min-cut's epilogue: RNG functionalization, autograd-order backward, raised getitems,
-    graph-safe RNG threading through HOPs."""
-    mod = _compat.partitioners()
-    if prologue.has_recomputable_ops and prologue.has_recomputable_rng_ops:
-        fw_module, bw_module = mod.functionalize_rng_ops(
-            prologue.module, fw_module, bw_module, num_saved_sym_nodes
-        )
-    bw_module = mod.reordering_to_mimic_autograd_engine(bw_module)
-    fw_module = mod.raise_getitems(fw_module)
-    bw_module = mod.raise_getitems(bw_module)
-    fw_module = mod.thread_graphsafe_rng_from_hops(fw_module, is_backward=False)
-    bw_module = mod.thread_graphsafe_rng_from_hops(bw_module, is_backward=True)
-    return fw_module, bw_module

@@ -1,0 +1,276 @@
+"""Section 6: the zoo's torchtitan Llama3 and Qwen3-MoE at 8 and 16 layers.
+
+Activation memory saved for backward, measured two ways on the same partitions:
+
+* **graph**: ap-tags' one definition of "saved" (``ap_tags.graph.activation_storages`` of the
+  forward's saved outputs), as ``PartitionReport`` and ``precompile``'s ``first_partition``
+  report it: distinct storages, graph inputs excluded, bytes from the graphs' sizes;
+* **run time**: the forward is *executed* (AOTAutograd with identity compilers, so the graphs
+  run as partitioned) and the tensors autograd actually holds for the backward are read off the
+  loss's autograd graph (``grad_fn.saved_tensors`` of every node), counted once per storage,
+  excluding the parameters', buffers' and batch's storages (the caller holds those anyway).
+
+Partitions: (a) the first compilation's (``precompile``: FSDP recompute tags +
+``default_partition``); (b) SaveAll in the second compilation, AC off; (c) SaveAll + the AC
+staging pass; (d) min-cut + AC on the first compilation's output; (e) plain ``torch.compile``:
+min-cut without AC on the untagged model (what stock Inductor keeps). Every model is the zoo's
+``FsdpTrainStep`` on the fake process group (world size 8): real graphs, garbage data, so only
+bytes are meaningful.
+
+Compile and step time of the real backend against stock Inductor are measured by
+:mod:`benchmarks.real_models_compile` (a subprocess per compile, fresh cache directory each).
+
+    uv run python -m benchmarks.real_models [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ap_tags
+import torch
+from ap_backend import precompile
+from ap_partitioner import MinCutPartitioner, PartitionReport, SaveAllPartitioner, wait_tensor_dce
+from ap_testing.distributed import fake_world
+from torch import nn
+
+from benchmarks import markdown_table
+
+#: (zoo builder name, width) of each model; layer counts per run mode below.
+MODELS: dict[str, dict[str, int]] = {
+    "tt_llama3": {"dim": 512, "seq": 128},
+    "tt_qwen3_moe": {"dim": 256, "seq": 64},
+}
+LAYERS_FULL = (8, 16)
+LAYERS_QUICK = (1,)
+QUICK_MODELS = ("tt_llama3",)
+QUICK_WIDTH = {"dim": 64, "seq": 16}
+
+#: (key, label, partitioner, AC on, on the first compilation's output)
+PARTITIONS = (
+    ("save_all", "(b) SaveAll", SaveAllPartitioner, False, True),
+    ("save_all_ac", "(c) SaveAll + AC", SaveAllPartitioner, True, True),
+    ("min_cut_ac", "(d) min-cut + AC", MinCutPartitioner, True, True),
+    ("plain", "(e) plain torch.compile", MinCutPartitioner, False, False),
+)
+
+
+def build_step(
+    name: str, size: dict[str, int], *, dtype: torch.dtype | None = None
+) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The zoo model ``name`` built at ``size`` (``n_layers``, ``dim``, ``seq``, ...), cast to
+    ``dtype`` when given, wrapped in the zoo's FSDP-style ``FsdpTrainStep`` on the current (fake)
+    process group; and its first batch."""
+    from zoo.fsdp import FsdpTrainStep
+    from zoo.models import torchtitan_models
+
+    builder: dict[str, Callable[..., Any]] = {
+        "tt_llama3": torchtitan_models.llama3,
+        "tt_qwen3_moe": torchtitan_models.qwen3_moe,
+        "tt_llama3_8b": torchtitan_models.llama3_8b,
+    }
+    zm = builder[name](1, **size)
+    if dtype is not None:  # parameters only (FSDP's parameter dtype); buffers such as the
+        for param in zm.module.parameters():  # complex RoPE table keep theirs
+            param.data = param.data.to(dtype)
+    step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
+    return step, tuple(zm.batches[0])
+
+
+def _identity(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    def run(args: list[Any]) -> Any:
+        return gm(*args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+@contextlib.contextmanager
+def _partitioning(partitioner: Any, ac: bool, ap: bool) -> Iterator[None]:
+    """Inductor's joint passes and ``partitioner`` as the backend runs them (with ap-partitioner's
+    ``wait_tensor_dce`` for ap configurations; without it for plain ``torch.compile``)."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    joint_pass = ap_tags.ac_joint_pass("auto") if ac else None
+    with contextlib.ExitStack() as stack:
+        if ap:
+            stack.enter_context(wait_tensor_dce())
+        stack.enter_context(functorch_config.patch(joint_custom_pass=joint_pass))
+        stack.enter_context(inductor_config.patch(custom_partitioner_fn=partitioner))
+        yield
+
+
+def _compiled_identity(module: nn.Module, partitioner: Any, ac: bool, ap: bool) -> Any:
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.compile_fx import partition_fn
+
+    backend = aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition_fn)
+    compiled = torch.compile(module, backend=backend)
+
+    def call(*args: Any) -> torch.Tensor:
+        with _partitioning(partitioner, ac, ap):
+            out: torch.Tensor = compiled(*args)
+        return out
+
+    return call
+
+
+@dataclass
+class RuntimeSaved:
+    """Storages autograd holds for the backward after one forward, read off the graph."""
+
+    count: int
+    nbytes: int
+
+
+def runtime_saved(loss: torch.Tensor, held: Sequence[torch.Tensor]) -> RuntimeSaved:
+    """Walk ``loss``'s autograd graph; every node's ``saved_tensors`` (custom functions, hence
+    AOTAutograd's compiled function) and ``_saved_*`` tensors (eager nodes), once per storage,
+    excluding the storages of ``held`` (parameters, buffers, inputs)."""
+    skip = {t.untyped_storage().data_ptr() for t in held}
+    storages: dict[int, int] = {}
+    stack, seen = [loss.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        tensors: list[Any] = []
+        with contextlib.suppress(RuntimeError, AttributeError):
+            tensors.extend(getattr(fn, "saved_tensors"))  # noqa: B009 (not on every node type)
+        for attr in dir(fn):
+            if attr.startswith("_saved_") and not attr.endswith("_raw"):
+                with contextlib.suppress(RuntimeError):
+                    tensors.append(getattr(fn, attr))
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in skip:
+                    storages[storage.data_ptr()] = storage.nbytes()
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return RuntimeSaved(len(storages), sum(storages.values()))
+
+
+def _held(step: nn.Module, batch: Sequence[Any]) -> list[torch.Tensor]:
+    return [*step.parameters(), *step.buffers(), *(t for t in batch if isinstance(t, torch.Tensor))]
+
+
+def _row(report: PartitionReport | None, rt: RuntimeSaved, seconds: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"runtime_count": rt.count, "runtime_bytes": rt.nbytes, "s": seconds}
+    if report is not None:
+        row.update(
+            count=report.saved_activation_count,
+            bytes=report.saved_activation_bytes,
+            all_gather_count=report.saved_all_gather_count,
+            all_gather_bytes=report.saved_all_gather_bytes,
+            backward_all_gathers=report.backward_all_gathers,
+            fell_back=report.fell_back,
+        )
+    return row
+
+
+def measure(name: str, n_layers: int, width: dict[str, int]) -> dict[str, Any]:
+    """Every partition of one model size, graph and run-time measures side by side."""
+    torch.compiler.reset()
+    step, batch = build_step(name, {"n_layers": n_layers, **width})
+    n_params = sum(s.numel() * 8 for s in step.parameters())  # fake world size 8
+    rows = measure_step(step, batch, PARTITIONS)
+    return {"model": name, "layers": n_layers, **width, "params": n_params, "partitions": rows}
+
+
+def measure_step(
+    step: nn.Module, batch: tuple[Any, ...], partitions: Sequence[tuple[Any, ...]]
+) -> dict[str, Any]:
+    """The first partition (``precompile``) and every one of ``partitions`` (see
+    :data:`PARTITIONS`) of ``step`` on ``batch``: graph and run-time measures per key."""
+    held = _held(step, batch)
+    start = time.perf_counter()
+    pm = precompile(step, batch)
+    first_s = time.perf_counter() - start
+    loss = pm(*batch)
+    first_rt = runtime_saved(loss, held)
+    loss.backward()
+    first = pm.first_partition
+    row: dict[str, Any] = {"runtime_count": first_rt.count, "runtime_bytes": first_rt.nbytes}
+    row.update(s=first_s, count=first.count, bytes=first.nbytes)
+    # SavedSummary names the all-gather outputs it saved; their bytes come from PartitionReport
+    row.update(all_gather_count=len(first.all_gather_outputs), all_gather_bytes=None)
+    rows: dict[str, Any] = {"first": row}
+    for key, _, cls, ac, tagged in partitions:
+        torch.compiler.reset()
+        reports: list[PartitionReport] = []
+        module = pm if tagged else step
+        call = _compiled_identity(module, cls(on_report=reports.append), ac, tagged)
+        start = time.perf_counter()
+        loss = call(*batch)
+        seconds = time.perf_counter() - start
+        rt = runtime_saved(loss, held)
+        loss.backward()
+        step.zero_grad(set_to_none=True)
+        rows[key] = _row(reports[-1] if reports else None, rt, seconds)
+    return rows
+
+
+def run(quick: bool) -> dict[str, Any]:
+    results = []
+    with fake_world():
+        for name, width in MODELS.items():
+            if quick and name not in QUICK_MODELS:
+                continue
+            for n in LAYERS_QUICK if quick else LAYERS_FULL:
+                results.append(measure(name, n, QUICK_WIDTH if quick else width))
+    return {"rows": results}
+
+
+_COLUMNS = (
+    ("model", "l"),
+    ("layers", "r"),
+    ("partition", "l"),
+    ("saved tensors (graph)", "r"),
+    ("saved bytes (graph)", "r"),
+    ("saved tensors (run time)", "r"),
+    ("saved bytes (run time)", "r"),
+    ("all-gather outputs saved", "r"),
+    ("all-gather bytes saved", "r"),
+    ("bw all-gathers", "r"),
+)
+
+
+def _mb(n: int | None) -> str:
+    return "–" if n is None else f"{n / 2**20:,.2f} MiB"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    labels = (("first", "(a) first partition"), *((k, lbl) for k, lbl, *_ in PARTITIONS))
+    rows: list[list[object]] = []
+    for r in result["rows"]:
+        for key, label in labels:
+            p = r["partitions"][key]
+            ag_bytes = p.get("all_gather_bytes")
+            if ag_bytes is None and p.get("all_gather_count") == 0:
+                ag_bytes = 0
+            rows.append(
+                [
+                    f"{r['model']} (dim {r['dim']}, seq {r['seq']})",
+                    r["layers"],
+                    label + (" (fell back)" if p.get("fell_back") else ""),
+                    p["count"],
+                    _mb(p["bytes"]),
+                    p["runtime_count"],
+                    _mb(p["runtime_bytes"]),
+                    p["all_gather_count"],
+                    _mb(ag_bytes),
+                    p.get("backward_all_gathers", "–"),
+                ]
+            )
+    return markdown_table(_COLUMNS, rows)
+
+
+if __name__ == "__main__":
+    print(markdown(run(quick="--quick" in sys.argv)))
