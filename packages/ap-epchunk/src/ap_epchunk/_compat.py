@@ -191,3 +191,17 @@ def fresh_unbacked_like(shape_env: ShapeEnv, symbol: sympy.Symbol) -> sympy.Symb
         shape_env.var_to_hint_override[new] = hint
     fresh: sympy.Symbol = new
     return fresh
+
+
+def materialize_symints(graph: torch.fx.Graph, values: list[torch.SymInt]) -> list[Any] | None:
+    """``values`` as FX nodes computed from the graph's own producers of their symbols, or
+    ``None`` where this torch has no ``Graph.materialize_symints`` (before 2.15) or cannot find
+    a producer for a symbol. ``None`` means "keep the raw value": torch before 2.15 accepts raw
+    SymInt arguments without a warning, and a symbol without a producer has no other form."""
+    fn = getattr(graph, "materialize_symints", None)
+    if fn is None:
+        return None
+    try:
+        return list(fn(values))
+    except (AssertionError, KeyError, NotImplementedError, TypeError, ValueError):
+        return None

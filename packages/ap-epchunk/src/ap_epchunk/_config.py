@@ -94,3 +94,5 @@ class ChunkReport:
     summed: list[str] = field(default_factory=list)
     mutation_chains: list[str] = field(default_factory=list)
     chunk_symbols: dict[str, int] = field(default_factory=dict)
+    #: raw SymInt arguments the pass divided and computed by FX nodes (``sym_size(x, 0) // N``)
+    lifted_symints: int = 0

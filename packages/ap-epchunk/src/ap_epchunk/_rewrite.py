@@ -26,7 +26,7 @@ from ap_tags import (
 )
 from ap_tags.graph import is_collective, is_wait
 
-from ._compat import fresh_unbacked_like, shape_env_of
+from ._compat import fresh_unbacked_like, materialize_symints, shape_env_of, tree_leaves, tree_map
 from ._config import ChunkReport, RegionSummary
 from ._plan import Materialize, Plan, RegionPlan, is_dead_getitem, is_mutating
 from ._shapes import ChunkShapes, SymbolicShapes
@@ -199,8 +199,51 @@ class Rewriter:
 
         return one
 
+    def _lift_symints(
+        self, node: torch.fx.Node, rp: RegionPlan, tree: tuple[tuple[Any, ...], dict[str, Any]]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``tree`` (a body node's per-chunk arguments) with every raw SymInt leaf that the
+        chunk pass divided (``u0`` -> ``u0 // N``) computed by FX nodes placed before ``node``.
+
+        Why: a raw symbolic argument is a value only the trace-time ShapeEnv can read; torch
+        asks passes to materialise it, and a node computed from the graph's own producer of
+        ``u0`` (``sym_size(x, 0) // N``) is what every chunk's copy should read at run time.
+        A leaf that depends on a chunk's own data-dependent symbol, or whose symbol has no
+        producer in the graph, stays raw (as the input graph had it).
+        """
+        original = {id(v) for v in tree_leaves((tuple(node.args), dict(node.kwargs)))}
+        fresh_syms = {s for chunk in self.fresh for s in chunk}
+        leaves = [
+            v
+            for v in tree_leaves(tree)
+            if isinstance(v, torch.SymInt)
+            and id(v) not in original
+            and not v.node.expr.is_number
+            and not (v.node.expr.free_symbols & fresh_syms)
+        ]
+        if not leaves:
+            return tree
+        before = set(self.graph.nodes)
+        with self.graph.inserting_before(node):
+            lifted = materialize_symints(self.graph, leaves)
+        made = [n for n in self.graph.nodes if n not in before]
+        if lifted is None:
+            for n in reversed(made):  # a failed attempt may have left producers behind
+                if not n.users:
+                    self.graph.erase_node(n)
+            return tree
+        for n in made:
+            n.meta = self._glue_meta(rp, n.meta.get("val"))
+            self.created.append(n)
+        by_id = {id(v): out for v, out in zip(leaves, lifted, strict=True)}
+        lifted_tree: tuple[tuple[Any, ...], dict[str, Any]] = tree_map(
+            lambda v: by_id.get(id(v), v), tree
+        )
+        self.report.lifted_symints += len(leaves)
+        return lifted_tree
+
     def _body_node(self, node: torch.fx.Node, rp: RegionPlan) -> None:
-        args, kwargs = self.shapes.chunk_args(node)
+        args, kwargs = self._lift_symints(node, rp, self.shapes.chunk_args(node))
         self.orig[node] = (node.args, node.kwargs, dict(node.meta), node.name)
         for inp in node.all_input_nodes:
             with self.graph.inserting_before(node):
