@@ -10,7 +10,20 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
 os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="ap-inductor-cache-"))
+
+
+def pytest_collection_modifyitems(config: object, items: list[Any]) -> None:
+    """Run the tests marked ``slow`` first.
+
+    Why: the suite runs on two pytest-xdist workers, one test file per work unit, in collection
+    order (``--dist loadfile --no-loadscope-reorder`` in pyproject.toml). A few files take minutes
+    (the zoo, the README examples, the benchmark smoke run); started last, one of them would
+    keep a worker busy long after the other ran out of work. Started first, the many short
+    files fill the gaps. A stable sort: the order within each group is collection order.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
