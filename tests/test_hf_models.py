@@ -8,60 +8,24 @@ traces, as ``torch.compile`` does, so the traceable path is taken."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from ap_backend import autoparallel_backend, precompile
 
-hf = pytest.importorskip("transformers")
+from zoo.models import MODELS
 
-_DECODER = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32,
-    "use_cache": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-}
+pytest.importorskip("transformers")
 
-BUILDERS: dict[str, Callable[[], Any]] = {
-    "llama": lambda: hf.LlamaForCausalLM(hf.LlamaConfig(**_DECODER)),
-    "mistral": lambda: hf.MistralForCausalLM(hf.MistralConfig(**_DECODER, sliding_window=8)),
-    "mixtral": lambda: hf.MixtralForCausalLM(
-        hf.MixtralConfig(**_DECODER, num_local_experts=4, num_experts_per_tok=2)
-    ),
-    "phi3": lambda: hf.Phi3ForCausalLM(hf.Phi3Config(**_DECODER, resid_pdrop=0.0, embd_pdrop=0.0)),
-    "gpt2": lambda: hf.GPT2LMHeadModel(
-        hf.GPT2Config(
-            vocab_size=256,
-            n_positions=32,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            use_cache=False,
-            bos_token_id=1,
-            eos_token_id=2,
-        )
-    ),
-}
+#: the zoo's HuggingFace causal LMs (zoo/models/hf_models.py: one definition of each config)
+CAUSAL = ("hf_gpt2", "hf_llama", "hf_mistral", "hf_mixtral", "hf_phi3")
 
 
 def _build(name: str, attn_implementation: str | None = None) -> Any:
-    torch.manual_seed(0)
-    model = BUILDERS[name]()
+    model = MODELS[name](1).module  # seeded and in train mode
     if attn_implementation is not None:
         model.set_attn_implementation(attn_implementation)
-    model.train()
     return model
 
 
@@ -70,7 +34,7 @@ def _ids() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["input_ids_only", "2d_mask"])
-@pytest.mark.parametrize("name", sorted(BUILDERS))
+@pytest.mark.parametrize("name", CAUSAL)
 def test_causal_lm_called_the_ordinary_way_precompiles(name: str, mask: bool) -> None:
     ids = _ids()
     kwargs: dict[str, Any] = {"labels": ids, "return_dict": False}
@@ -94,10 +58,10 @@ def test_phi3_through_the_backend_matches_eager() -> None:
     (1024,16,64,1)``). The first compilation's graphs now carry ``reshape`` instead."""
     ids = _ids()
     kwargs = {"labels": ids, "return_dict": False}
-    eager = _build("phi3", attn_implementation="eager")
+    eager = _build("hf_phi3", attn_implementation="eager")
     want = eager(ids, **kwargs)[0]
     want.backward()
-    model = _build("phi3", attn_implementation="eager")
+    model = _build("hf_phi3", attn_implementation="eager")
     backend = autoparallel_backend()
     fn = torch.compile(precompile(model, (ids,), kwargs), backend=backend)
     loss = fn(ids, **kwargs)[0]

@@ -13,39 +13,17 @@ The whole zoo: ``nice -n 10 uv run python -m zoo`` (``zoo/README.md``).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _import_zoo() -> None:
-    """``zoo`` is a top-level directory of the (unpackaged) workspace root, importable with
-    ``python -m zoo`` from the root; under pytest's importlib mode register it by location."""
-    if "zoo" in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "zoo", ROOT / "zoo" / "__init__.py", submodule_search_locations=[str(ROOT / "zoo")]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["zoo"] = module
-    spec.loader.exec_module(module)
-
-
-_import_zoo()
-
-from zoo.ep import EpResult, run_ep_case  # noqa: E402
-from zoo.fsdp import FsdpTrainStep, shard_rows  # noqa: E402
-from zoo.models import BF16, FAST, MODELS  # noqa: E402
-from zoo.report import render  # noqa: E402
-from zoo.run import FP32_RTOL, CaseResult, evaluate, numerics_tolerance, run_case  # noqa: E402
+from zoo.ep import EpResult, run_ep_case
+from zoo.fsdp import FsdpTrainStep, shard_rows
+from zoo.models import BF16, FAST, MODELS
+from zoo.report import render
+from zoo.run import FP32_RTOL, CaseResult, evaluate, numerics_tolerance, run_case
 
 pytestmark = pytest.mark.slow
 

@@ -105,61 +105,43 @@ def gpt2(steps: int) -> ZooModel:
     )
 
 
-def llama(steps: int) -> ZooModel:
-    """Llama: RMSNorm, GQA, RoPE, SwiGLU."""
+def _decoder(
+    name: str, arch: str, summary: str, steps: int, *, mask_2d: bool = False, **extra: Any
+) -> ZooModel:
+    """transformers' ``<arch>Config`` at the zoo's decoder size (plus ``extra``) and its
+    ``<arch>ForCausalLM``, seeded; ``summary`` describes the config in the zoo's tables."""
     import transformers as hf
 
     torch.manual_seed(0)
-    cfg = hf.LlamaConfig(**_decoder_kwargs())
-    return _causal(
-        "hf_llama",
-        "LlamaConfig: hidden 64, 4 q / 2 kv heads, 2 layers",
-        hf.LlamaForCausalLM(cfg),
-        steps,
-    )
+    cfg = getattr(hf, f"{arch}Config")(**_decoder_kwargs(**extra))
+    model = getattr(hf, f"{arch}ForCausalLM")(cfg)
+    return _causal(name, f"{arch}Config: {summary}", model, steps, mask_2d=mask_2d)
+
+
+def llama(steps: int) -> ZooModel:
+    """Llama: RMSNorm, GQA, RoPE, SwiGLU."""
+    return _decoder("hf_llama", "Llama", "hidden 64, 4 q / 2 kv heads, 2 layers", steps)
 
 
 def mistral(steps: int) -> ZooModel:
     """Mistral: Llama-like with a sliding attention window (8 < sequence 16)."""
-    import transformers as hf
-
-    torch.manual_seed(0)
-    cfg = hf.MistralConfig(**_decoder_kwargs(sliding_window=8))
-    return _causal(
-        "hf_mistral",
-        "MistralConfig: hidden 64, 4 q / 2 kv heads, sliding window 8, 2 layers",
-        hf.MistralForCausalLM(cfg),
-        steps,
-        mask_2d=True,
-    )
+    summary = "hidden 64, 4 q / 2 kv heads, sliding window 8, 2 layers"
+    return _decoder("hf_mistral", "Mistral", summary, steps, mask_2d=True, sliding_window=8)
 
 
 def mixtral(steps: int) -> ZooModel:
     """Mixtral: sparse MoE (4 experts, top-2 router) on a Mistral backbone."""
-    import transformers as hf
-
-    torch.manual_seed(0)
-    cfg = hf.MixtralConfig(**_decoder_kwargs(num_local_experts=4, num_experts_per_tok=2))
-    return _causal(
-        "hf_mixtral",
-        "MixtralConfig: hidden 64, 4 experts top-2, 2 layers",
-        hf.MixtralForCausalLM(cfg),
-        steps,
+    summary = "hidden 64, 4 experts top-2, 2 layers"
+    return _decoder(
+        "hf_mixtral", "Mixtral", summary, steps, num_local_experts=4, num_experts_per_tok=2
     )
 
 
 def phi3(steps: int) -> ZooModel:
     """Phi-3: fused qkv and gate_up projections, partial RoPE."""
-    import transformers as hf
-
-    torch.manual_seed(0)
-    cfg = hf.Phi3Config(**_decoder_kwargs(resid_pdrop=0.0, embd_pdrop=0.0))
-    return _causal(
-        "hf_phi3",
-        "Phi3Config: hidden 64, 4 q / 2 kv heads, 2 layers",
-        hf.Phi3ForCausalLM(cfg),
-        steps,
-        mask_2d=True,
+    summary = "hidden 64, 4 q / 2 kv heads, 2 layers"
+    return _decoder(
+        "hf_phi3", "Phi3", summary, steps, mask_2d=True, resid_pdrop=0.0, embd_pdrop=0.0
     )
 
 

@@ -58,29 +58,33 @@ def _finish(
     )
 
 
+def _ends(tt: Any, dim: int, vocab: int = VOCAB) -> dict[str, Any]:
+    """The token embedding, final RMSNorm and LM head of a torchtitan decoder config, with the
+    model module's (``tt``) own initialisers: the part Llama3 and DeepSeek-V3 share."""
+    from torchtitan.models.common import Embedding, Linear, RMSNorm
+
+    return {
+        "tok_embeddings": Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
+        ),
+        "norm": RMSNorm.Config(normalized_shape=dim, param_init=tt._NORM_INIT),
+        "lm_head": Linear.Config(
+            in_features=dim, out_features=vocab, param_init=tt._output_linear_init(dim)
+        ),
+    }
+
+
 def llama3(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
     """Llama3 ``debugmodel`` shape (fused QKV, complex RoPE with llama scaling), 2 layers
     (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
     import torchtitan.models.llama3 as tt
-    from torchtitan.models.common import (
-        ComplexRoPE,
-        Embedding,
-        Linear,
-        RMSNorm,
-        compute_ffn_hidden_dim,
-    )
+    from torchtitan.models.common import ComplexRoPE, compute_ffn_hidden_dim
 
     n_heads = 4
     cfg = tt.Llama3Model.Config(
         dim=dim,
         vocab_size=VOCAB,
-        tok_embeddings=Embedding.Config(
-            num_embeddings=VOCAB, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
-        ),
-        norm=RMSNorm.Config(normalized_shape=dim, param_init=tt._NORM_INIT),
-        lm_head=Linear.Config(
-            in_features=dim, out_features=VOCAB, param_init=tt._output_linear_init(dim)
-        ),
+        **_ends(tt, dim),
         layers=tt._build_llama3_layers(
             fuse_qkv=True,
             n_layers=n_layers,
@@ -181,7 +185,7 @@ def deepseek_v3(steps: int) -> ZooModel:
     """DeepSeek-V3 ``debugmodel`` shape: MLA attention, yarn RoPE, one dense layer then one MoE
     layer (softmax router, shared experts, grouped bf16 experts)."""
     import torchtitan.models.deepseek_v3 as tt
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common import ComplexRoPE
 
     dim, rope_dim = 64, 8
     layers = tt._build_dsv3_layers(
@@ -218,13 +222,7 @@ def deepseek_v3(steps: int) -> ZooModel:
     cfg = tt.DeepSeekV3Model.Config(
         vocab_size=VOCAB,
         dim=dim,
-        tok_embeddings=Embedding.Config(
-            num_embeddings=VOCAB, embedding_dim=dim, param_init=tt._EMBEDDING_INIT
-        ),
-        norm=RMSNorm.Config(normalized_shape=dim, param_init=tt._NORM_INIT),
-        lm_head=Linear.Config(
-            in_features=dim, out_features=VOCAB, param_init=tt._output_linear_init(dim)
-        ),
+        **_ends(tt, dim),
         layers=layers,
     )
     return _finish(

@@ -10,6 +10,8 @@ could meet rtol 1e-5 there. With 16 images eager fp32 is within 1e-5 of fp64 (fi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -35,23 +37,36 @@ def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits, labels)
 
 
+def _classifier(
+    name: str, library: str, config: str, model: nn.Module, batches: list[Any], note: str
+) -> ZooModel:
+    """A 10-class image classifier in training mode, judged by cross-entropy on its logits."""
+    model.train()
+    return ZooModel(
+        name=name,
+        library=library,
+        config=config,
+        module=model,
+        batches=batches,
+        n_model_inputs=1,
+        loss_fn=_ce,
+        notes=[note],
+    )
+
+
 def resnet18(steps: int) -> ZooModel:
     """torchvision ResNet-18 exactly as ``torchvision.models.resnet18(num_classes=10)`` builds
     it (BatchNorm in training mode: batch statistics, running-stat buffers updated)."""
     import torchvision
 
     torch.manual_seed(0)
-    model = torchvision.models.resnet18(weights=None, num_classes=10)
-    model.train()
-    return ZooModel(
-        name="tv_resnet18",
-        library=f"torchvision {torchvision.__version__.split('+')[0]}",
-        config="resnet18(num_classes=10), 16x3x32x32 images",
-        module=model,
-        batches=_image_batches(steps),
-        n_model_inputs=1,
-        loss_fn=_ce,
-        notes=["weights=None (random init); BatchNorm running stats are buffers"],
+    return _classifier(
+        "tv_resnet18",
+        f"torchvision {torchvision.__version__.split('+')[0]}",
+        "resnet18(num_classes=10), 16x3x32x32 images",
+        torchvision.models.resnet18(weights=None, num_classes=10),
+        _image_batches(steps),
+        "weights=None (random init); BatchNorm running stats are buffers",
     )
 
 
@@ -64,17 +79,13 @@ def resnet10t(steps: int) -> ZooModel:
     import timm
 
     torch.manual_seed(0)
-    model = timm.create_model("resnet10t", pretrained=False, num_classes=10)
-    model.train()
-    return ZooModel(
-        name="timm_resnet10t",
-        library=f"timm {timm.__version__}",
-        config="create_model('resnet10t', num_classes=10), 32x3x32x32 images",
-        module=model,
-        batches=_image_batches(steps, 32),
-        n_model_inputs=1,
-        loss_fn=_ce,
-        notes=["pretrained=False (random init); BatchNorm running stats are buffers"],
+    return _classifier(
+        "timm_resnet10t",
+        f"timm {timm.__version__}",
+        "create_model('resnet10t', num_classes=10), 32x3x32x32 images",
+        timm.create_model("resnet10t", pretrained=False, num_classes=10),
+        _image_batches(steps, 32),
+        "pretrained=False (random init); BatchNorm running stats are buffers",
     )
 
 
@@ -94,14 +105,11 @@ def vit(steps: int) -> ZooModel:
         mlp_ratio=2.0,
         num_classes=10,
     )
-    model.train()
-    return ZooModel(
-        name="timm_vit",
-        library=f"timm {timm.__version__}",
-        config="VisionTransformer(img 32, patch 8, dim 64, depth 2, 4 heads)",
-        module=model,
-        batches=_image_batches(steps),
-        n_model_inputs=1,
-        loss_fn=_ce,
-        notes=["random init; drop rates are timm's defaults (0)"],
+    return _classifier(
+        "timm_vit",
+        f"timm {timm.__version__}",
+        "VisionTransformer(img 32, patch 8, dim 64, depth 2, 4 heads)",
+        model,
+        _image_batches(steps),
+        "random init; drop rates are timm's defaults (0)",
     )

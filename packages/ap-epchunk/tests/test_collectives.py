@@ -40,17 +40,7 @@ def test_grad_partials_summed_before_the_collective(fake_graph: Any) -> None:
     assert report.summed == ["mm_default"]
 
 
-def test_collective_that_would_run_per_chunk_is_refused(fake_graph: Any) -> None:
-    """Policy: only EP all-to-alls run once per chunk. Without early accumulation the gradient
-    all-reduce would silently become one all-reduce per chunk: refused, graph unchanged."""
-    gm = _graph(fake_graph)
-    before = gm.code
-    with pytest.raises(ChunkError, match=r"collective _c10d_functional::all_reduce inside chunked"):
-        chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",), early_grad_accumulation=False))
-    assert gm.code == before
-
-
-def test_forward_all_reduce_of_tokens_is_refused(fake_graph: Any) -> None:
+def _forward_all_reduce(fake_graph: Any) -> torch.fx.GraphModule:
     """A data-parallel all_reduce of a token-carrying value inside a chunked region."""
     b = fake_graph()
     u0 = b.unbacked(8)
@@ -58,11 +48,29 @@ def test_forward_all_reduce_of_tokens_is_refused(fake_graph: Any) -> None:
     h = b.op(aten.relu.default, x, fqn="layers.0")
     red = b.op(c10d.all_reduce.default, h, "sum", "0", fqn="layers.0")
     done = b.op(c10d.wait_tensor.default, red, fqn="layers.0")
-    out = b.op(aten.relu.default, done, fqn="head")
-    gm = b.module(out)
+    return b.module(b.op(aten.relu.default, done, fqn="head"))
+
+
+@pytest.mark.parametrize(
+    ("build", "early_grad_accumulation", "match"),
+    [
+        # without early accumulation the gradient all-reduce would silently become one
+        # all-reduce per chunk
+        (_graph, False, r"collective _c10d_functional::all_reduce inside chunked"),
+        (_forward_all_reduce, True, r"node 'all_reduce_default': collective"),
+    ],
+    ids=["grad_all_reduce_without_early_accumulation", "forward_all_reduce_of_tokens"],
+)
+def test_collective_that_would_run_per_chunk_is_refused(
+    fake_graph: Any, build: Any, early_grad_accumulation: bool, match: str
+) -> None:
+    """Policy: only EP all-to-alls run once per chunk; any other collective inside a chunked
+    region is refused and the graph is left unchanged."""
+    gm = build(fake_graph)
     before = gm.code
-    with pytest.raises(ChunkError, match=r"node 'all_reduce_default': collective"):
-        chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",)))
+    config = ChunkConfig(("layers.*",), early_grad_accumulation=early_grad_accumulation)
+    with pytest.raises(ChunkError, match=match):
+        chunk_pass(gm, config)
     assert gm.code == before
 
 
