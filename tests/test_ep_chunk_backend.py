@@ -83,3 +83,18 @@ def test_without_a_mark_the_error_gives_the_route_that_works() -> None:
     compiled = torch.compile(pm, backend=autoparallel_backend(ep_chunk=CHUNK))
     with pytest.raises(Exception, match=r"mark_chunk_dim\(x, dim, hint=\.\.\.\).*hint=None before"):
         compiled(x, y)
+
+
+def test_a_hinted_chunk_mark_before_precompile_names_the_static_route() -> None:
+    """``mark_chunk_dim(x, 0, hint=N)`` makes the dim an unbacked symbol, which a (static) first
+    compilation cannot record: refused before any tracing, naming the input and the mark that
+    works through the backend."""
+    step = _model()
+    x, y = _batch()
+    mark_chunk_dim(x, 0, hint=TOKENS)
+    with pytest.raises(ValueError) as e:
+        precompile(step, (x, y))
+    message = str(e.value)
+    assert "x (args[0]) has its chunk dim 0 marked with" in message
+    assert f"mark_chunk_dim(..., hint={TOKENS})" in message
+    assert "mark_chunk_dim(t, 0, hint=None)" in message

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ap_epchunk
 import torch
 from torch import nn
 
@@ -156,8 +157,20 @@ def refuse_dynamic_dims(
         marks = _compat.dynamic_dim_marks(leaf)
         if marks:
             api, dims = next(iter(marks.items()))
+            path_name = _pretty_path(path, names)
+            hinted = {d: h for d, h in ap_epchunk.chunk_dims_of(leaf).items() if h is not None}
+            if hinted:
+                d, h = next(iter(hinted.items()))
+                raise ValueError(
+                    f"{where}: {path_name} has its chunk dim {d} marked with "
+                    f"ap_epchunk.mark_chunk_dim(..., hint={h}), which makes it an unbacked "
+                    f"symbol, but a first compilation records static shapes. Through precompile "
+                    f"+ autoparallel_backend(ep_chunk=...) mark it with "
+                    f"mark_chunk_dim(t, {d}, hint=None): the backend chunks the static sizes "
+                    f"(the hinted mode is for chunk_pass on a graph you trace yourself)."
+                )
             raise ValueError(
-                f"{where}: {_pretty_path(path, names)} has dim(s) {list(dims)} marked dynamic "
+                f"{where}: {path_name} has dim(s) {list(dims)} marked dynamic "
                 f"({api}), but a first compilation records static shapes. Remove the mark: a "
                 f"call with a new shape gets its own first compilation (up to "
                 f"max_signatures={limit}), or pad inputs to one shape."

@@ -19,7 +19,7 @@ from ._concretize import ConcretizeReport, concretize_chunk_symbols
 from ._config import ChunkConfig, ChunkReport, RegionSummary
 from ._eager import EagerChunked
 from ._errors import ChunkError
-from ._marking import chunk_inputs_from_marks, mark_chunk_dim
+from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
 from ._regions import tag_backward_module_fqns
 from ._tracing import trace_joint
@@ -37,6 +37,7 @@ __all__ = [
     "TESTED_TORCH",
     "UnsupportedTorchError",
     "__version__",
+    "chunk_dims_of",
     "chunk_inputs_from_marks",
     "chunk_pass",
     "concretize_chunk_symbols",
