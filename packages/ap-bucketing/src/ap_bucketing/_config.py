@@ -43,9 +43,10 @@ class BucketingConfig:
             order (interleaved dp/tp collectives otherwise never bucket).
         bucket_mode: how torch materialises a bucket (one of :data:`BUCKET_MODES`), handed to
             its FSDP pre-bucketing and overlap scheduler. ``"custom_ops"`` compiles far fewer
-            kernels (15 instead of 34 C++ kernels on a 2-layer Llama3) but produced NaN losses
-            in the 2-rank gloo demo on CPU, so ``"default"`` stays the default (see
-            benchmarks/RESULTS.md, section 7).
+            kernels (15 instead of 34 C++ kernels on a 2-layer Llama3). Its unpack fills each
+            member with an ``out=`` copy that the member's readers have no data edge to;
+            torch's overlap scheduler hoisted such reads above the copy (NaN losses), which
+            ``OverlapBucketingPass`` now undoes (``_out_writes.py``).
     """
 
     max_topo_span: int | None = 1500

@@ -29,6 +29,7 @@ from . import _compat
 from ._checks import require_bool, require_instance, require_node
 from ._config import BucketingConfig, resolve_config
 from ._metrics import max_consec_compute_between_rs
+from ._out_writes import out_write_edges, restore_out_write_order
 from ._patching import patched
 from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
@@ -156,25 +157,40 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             return
         _check_sizable(graph)  # refuse before torch's passes start mutating the graph
         before = max_consec_compute_between_rs(graph)
+        moved = 0
         with patched(self.config), cpu_overlap_estimators(self.cpu):
-            if self.reorder:
-                _compat.schedule_overlap_bucketing()(gm, **self.schedule_kwargs())
-            else:
-                pre_bucket = _compat.pre_bucket_fsdp_collectives()
+            kwargs = self.schedule_kwargs()
+            pre_bucket = _compat.pre_bucket_fsdp_collectives()
+            if kwargs.pop("pre_bucketing_fsdp_collectives"):
                 pre_bucket(
-                    gm, bucket_cap_mb=self.config.bucket_cap_mb, mode=self.config.bucket_mode
+                    gm,
+                    bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
+                    mode=kwargs["bucket_mode"],
                 )
+            if self.reorder:
+                # torch's scheduler sees data edges only; a "custom_ops" bucket's members are
+                # filled by an out= copy that their readers have no edge to (_out_writes.py)
+                edges = out_write_edges(graph)
+                _compat.schedule_overlap_bucketing()(
+                    gm, pre_bucketing_fsdp_collectives=False, **kwargs
+                )
+                moved = restore_out_write_order(graph, edges)
+            else:
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
                 _compat.stable_topological_sort(graph)
         after = max_consec_compute_between_rs(graph)
-        self.reports.append({"max_consec_compute_between_rs": (before, after)})
+        self.reports.append(
+            {"max_consec_compute_between_rs": (before, after), "out_write_reorders": moved}
+        )
         log.info(
-            "OverlapBucketingPass: max_consec_compute_between_rs %d -> %d (reorder=%s, cpu=%s)",
+            "OverlapBucketingPass: max_consec_compute_between_rs %d -> %d (reorder=%s, cpu=%s, "
+            "nodes moved back after out= writes: %d)",
             before,
             after,
             self.reorder,
             self.cpu,
+            moved,
         )
 
     def uuid(self) -> str:
