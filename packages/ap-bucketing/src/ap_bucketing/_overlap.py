@@ -167,18 +167,18 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                     bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
                     mode=kwargs["bucket_mode"],
                 )
+            # both reorderings below see data edges only; a "custom_ops" bucket's members are
+            # filled by an out= copy that their readers have no edge to (_out_writes.py)
+            edges = out_write_edges(graph)
             if self.reorder:
-                # torch's scheduler sees data edges only; a "custom_ops" bucket's members are
-                # filled by an out= copy that their readers have no edge to (_out_writes.py)
-                edges = out_write_edges(graph)
                 _compat.schedule_overlap_bucketing()(
                     gm, pre_bucketing_fsdp_collectives=False, **kwargs
                 )
-                moved = restore_out_write_order(graph, edges)
             else:
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
                 _compat.stable_topological_sort(graph)
+            moved = restore_out_write_order(graph, edges)
         after = max_consec_compute_between_rs(graph)
         self.reports.append(
             {"max_consec_compute_between_rs": (before, after), "out_write_reorders": moved}
