@@ -41,7 +41,7 @@ CONFIGS: dict[str, dict[str, bool] | None] = {
 }
 #: configurations of the bucketing-form experiment: ``full`` with torch's bucket mode forced
 #: (``BucketingConfig(bucket_mode=...)``; ``full`` itself uses ap-bucketing's default,
-#: ``"custom_ops"`` since issue 12); run with ``--configs``.
+#: ``"default"``); run with ``--configs``.
 BUCKET_MODES = {"full/default": "default", "full/custom_ops": "custom_ops"}
 MODEL = "tt_llama3"
 FULL = {"layers": 8, "dim": 512, "seq": 128, "repeats": 3, "steps": 6}

@@ -14,6 +14,7 @@ The whole zoo: ``nice -n 10 uv run python -m zoo`` (``zoo/README.md``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,8 @@ from zoo.fsdp import FsdpTrainStep, shard_rows
 from zoo.models import BF16, FAST, MODELS
 from zoo.report import render
 from zoo.run import FP32_RTOL, CaseResult, evaluate, numerics_tolerance, run_case
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
 
@@ -218,3 +221,38 @@ def test_wrapper_matches_unwrapped_model_in_eager(gloo: None) -> None:
         full = zm.module.get_parameter(fqn)
         assert shard.grad is not None and full.grad is not None
         torch.testing.assert_close(shard.grad, full.grad, rtol=FP32_RTOL, atol=1e-7)
+
+
+# --------------------------------------------------------------------------- two ranks, bucketing
+
+TWO_RANK_BUCKETING = (
+    "known defect (found 2026-11-23, present at stop 18 too): on 2 gloo ranks, ap-bucketing's "
+    "FSDP bucketing gets nn.TransformerEncoder's step-1 gradients wrong (step-2 grad rel 1.0 on "
+    "layers.0.linear2.weight) in both bucket forms; bucketing alone is enough, overlap alone and "
+    "the default / AC configurations are exact (benchmarks/RESULTS.md, section 7)"
+)
+
+
+@pytest.mark.multirank
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=TWO_RANK_BUCKETING)
+def test_full_configuration_on_two_ranks_matches_eager(tmp_path: Path) -> None:
+    """The whole zoo command, as a user runs it, on 2 ranks: ``--configs full --ranks 2``."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "zoo.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo", "--models", "nn_transformer_encoder", "--configs", "full"]
+        + ["--ranks", "2", "--json", str(out), "--md", str(tmp_path / "zoo.md")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0 or not out.exists():
+        pytest.fail(proc.stdout[-2000:] + proc.stderr[-2000:])
+    (case,) = json.loads(out.read_text())["cases"]
+    if case["error"] is not None:
+        pytest.fail(case["error"])
+    assert case["loss_rel"] <= FP32_RTOL and case["grad_rel"] <= FP32_RTOL, case["grad_worst"]
