@@ -225,18 +225,16 @@ def test_wrapper_matches_unwrapped_model_in_eager(gloo: None) -> None:
 
 # --------------------------------------------------------------------------- two ranks, bucketing
 
-TWO_RANK_BUCKETING = (
-    "known defect (found 2026-11-23, present at stop 18 too): on 2 gloo ranks, ap-bucketing's "
-    "FSDP bucketing gets nn.TransformerEncoder's step-1 gradients wrong (step-2 grad rel 1.0 on "
-    "layers.0.linear2.weight) in both bucket forms; bucketing alone is enough, overlap alone and "
-    "the default / AC configurations are exact (benchmarks/RESULTS.md, section 7)"
-)
-
 
 @pytest.mark.multirank
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=TWO_RANK_BUCKETING)
 def test_full_configuration_on_two_ranks_matches_eager(tmp_path: Path) -> None:
-    """The whole zoo command, as a user runs it, on 2 ranks: ``--configs full --ranks 2``."""
+    """The whole zoo command, as a user runs it, on 2 ranks: ``--configs full --ranks 2``.
+
+    ``nn.TransformerEncoder`` trained with a wrong ``layers.0.linear2.weight`` gradient here
+    (step-2 grad rel 1.0) while SaveAll saved both ``relu`` and ``reshape(relu)``: AOTAutograd
+    donated both, and with bucketing's order the backward wrote ``threshold_backward`` into the
+    shared buffer before the weight gradient read the view (ap-partitioner's
+    ``without_views_of_saved``)."""
     import json
     import subprocess
     import sys

@@ -489,3 +489,24 @@ def test_tags_of_another_schema_raise_even_without_strict(simple: Any) -> None:
     with pytest.raises(ap_tags.TagSchemaError, match="tag schema 999"):
         SaveAllPartitioner()(gm, [], num_fwd_outputs=1)
     assert snapshot(gm) == before
+
+
+def test_a_saved_view_of_a_saved_value_is_dropped_and_recomputed() -> None:
+    """``relu`` and ``reshape(relu)`` both saved would be two donated buffers sharing one
+    storage (the backward may overwrite ``relu`` before reading the view): the view goes, its
+    base stays, and the saved storages are the same."""
+    from ap_partitioner._rules import SavePlan, without_views_of_saved
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    relu = g.call_function(torch.ops.aten.relu.default, (x,))
+    view = g.call_function(torch.ops.aten.reshape.default, (relu, [4, 2]))
+    view_of_view = g.call_function(torch.ops.aten.t.default, (view,))
+    other = g.call_function(torch.ops.aten.neg.default, (x,))
+    x_view = g.call_function(torch.ops.aten.view.default, (x, [8]))
+    plan = SavePlan([relu, view, view_of_view, other, x_view])
+    kept, dropped = without_views_of_saved(plan)
+    assert [v.name for v in kept.values] == [relu.name, other.name, x_view.name]
+    assert dropped == (view.name, view_of_view.name)
+    # a view whose base is not saved stays (x is not in the plan)
+    assert without_views_of_saved(SavePlan([x_view, other])) == (SavePlan([x_view, other]), ())

@@ -25,7 +25,13 @@ from ap_partitioner import (
     is_all_gather_output,
     report_for,
 )
-from ap_tags.graph import activation_storages, aliases_input, saved_for_backward, storage_nbytes
+from ap_tags.graph import (
+    activation_storages,
+    aliases_input,
+    saved_for_backward,
+    storage_base,
+    storage_nbytes,
+)
 from ap_testing.distributed import fake_world
 from ap_testing.models import Transformer
 from ap_testing.two_stage import First, first_compile, second_compile
@@ -113,7 +119,8 @@ def _saved_activations(fw: fx.GraphModule, names: tuple[str, ...]) -> list[fx.No
 def first_saved_classes(first: FirstPartition) -> list[str]:
     classes = _canonical_classes(first.fw)
     acts = _saved_activations(first.fw, first.report.saved_names)
-    return sorted({classes[n.name] for n in acts})
+    # by storage: SaveAll recomputes a view of a saved value from its saved base
+    return sorted({classes[storage_base(n).name] for n in acts})
 
 
 def replayed_classes(
@@ -142,7 +149,7 @@ def replayed_classes(
             src = next(
                 u for u in src.users if u.target is operator.getitem and u.args[1] == node.args[1]
             )
-        out.append(classes[src.name])
+        out.append(classes[storage_base(src).name])
     return sorted(out)
 
 

@@ -44,7 +44,7 @@ from ap_partitioner._report import (
     build_report,
     emit,
 )
-from ap_partitioner._rules import SavePlan, plan_saves
+from ap_partitioner._rules import SavePlan, plan_saves, without_views_of_saved
 from ap_partitioner._working_copy import working_copy
 
 log = logging.getLogger(__name__)
@@ -210,9 +210,14 @@ class SaveAllPartitioner(_ReportingPartitioner):
             return fw, bw, {"partitioner": "default", "notes": (*notes, note)}
         replayed = ap_tags.replayed_saves(pro.module.graph)
         notes = (*notes, *replayed.notes())
-        plan = plan_saves(
-            [*info.required_fw_nodes, *info.unclaimed_nodes], replayed=replayed.values
+        plan, views = without_views_of_saved(
+            plan_saves([*info.required_fw_nodes, *info.unclaimed_nodes], replayed=replayed.values)
         )
+        if views:
+            notes = (
+                *notes,
+                f"views of saved values recomputed from their base: {', '.join(views)}",
+            )
         missing = missing_values(pro.module, plan, num_fwd_outputs)
         if missing:
             reason = self._missing_reason(pro.module, missing)

@@ -18,6 +18,10 @@ Rules, first match wins (``docs/architecture.md``, "Save rules"):
    are not acted on (see ``ap_tags._replay``).
 7. Anything else is recomputed in the backward if needed.
 
+After the rules, a saved value that is a view of another saved value is dropped and recomputed
+in the backward from its saved base (:func:`without_views_of_saved`): two saved tensors sharing
+one storage break AOTAutograd's donated-buffer rule. The saved storages stay the same.
+
 PREFER_RECOMPUTE is deliberately ignored: a second-compile AC pass may only *add* saves (via
 MUST_SAVE), never override what the first compilation saved.
 """
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 import ap_tags
 import torch.fx as fx
 from ap_tags.checks import require_nodes
-from ap_tags.graph import is_getitem, is_multi_output
+from ap_tags.graph import aliases_input, is_getitem, is_multi_output
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
@@ -115,6 +119,45 @@ def apply_rule(node: fx.Node, plan: SavePlan, replayed: Set[fx.Node]) -> None:
         return
     if node in replayed or is_policy_must_save(node):
         plan.values.append(node)
+
+
+def _views_a_saved_value(node: fx.Node, saved: Set[fx.Node]) -> bool:
+    """``node`` is a view (through view ops only) of a value in ``saved`` other than itself."""
+    current = node
+    for _ in range(256):  # alias chains are short; the bound only guards malformed graphs
+        source = current.args[0] if current.args else None
+        if current.op != "call_function" or not aliases_input(current):
+            return False
+        if not isinstance(source, fx.Node):
+            return False
+        if source in saved:
+            return True
+        current = source
+    return False
+
+
+def without_views_of_saved(plan: SavePlan) -> tuple[SavePlan, tuple[str, ...]]:
+    """``plan`` without the saved values that are views of another saved value, and their
+    names.
+
+    Why: AOTAutograd donates a saved tensor to the backward (lets Inductor reuse its buffer in
+    place) when it aliases no forward input or output -- it does not check the *other* saved
+    tensors. The first partition's replay can save both ``relu`` and ``view_39 =
+    reshape(relu)``; both are donated, the backward writes ``threshold_backward`` into
+    ``relu``'s buffer and then reads ``view_39`` for a weight gradient: a wrong gradient
+    (``nn.TransformerEncoder``'s ``linear2.weight`` on 2 ranks, where bucketing's order put the
+    write first). A view of a saved value costs nothing to recompute in the backward, and then
+    Inductor sees the read and keeps the buffer; the saved storages are the same.
+    """
+    saved = set(plan.values)
+    dropped = [v for v in plan.values if _views_a_saved_value(v, saved)]
+    if not dropped:
+        return plan, ()
+    gone = set(dropped)
+    kept = SavePlan(
+        [v for v in plan.values if v not in gone], list(plan.sym_nodes), list(plan.opaque_nodes)
+    )
+    return kept, tuple(v.name for v in dropped)
 
 
 def plan_saves(
