@@ -24,7 +24,14 @@ from zoo.ep import EpResult, run_ep_case
 from zoo.fsdp import FsdpTrainStep, shard_rows
 from zoo.models import BF16, FAST, MODELS
 from zoo.report import render
-from zoo.run import FP32_RTOL, CaseResult, evaluate, numerics_tolerance, run_case
+from zoo.run import (
+    FP32_RTOL,
+    FP64_MULTIPLIER,
+    CaseResult,
+    evaluate,
+    numerics_tolerance,
+    run_case,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,6 +201,46 @@ def test_registry_spans_libraries() -> None:
     assert set(FAST) <= set(MODELS) and BF16 <= set(MODELS)
     prefixes = {name.split("_")[0] for name in MODELS}
     assert {"tt", "hf", "tv", "timm", "nn"} <= prefixes
+
+
+def _fp32_case(**fields: float | None) -> CaseResult:
+    res = CaseResult(model="m", config="default", loss_rel=1e-7, grad_rel=0.1)
+    for name, value in fields.items():
+        setattr(res, name, value)
+    return res
+
+
+def test_fp32_numerics_above_tol_are_judged_against_eager_fp64() -> None:
+    """An fp32 case above ``FP32_RTOL`` vs eager fp32 passes only when it is no further from
+    eager fp64 than ``FP64_MULTIPLIER`` x eager fp32 is (torch's own fp64-referenced check);
+    unmeasured, it fails; a bf16 case never takes this route."""
+    close = {"fp64_loss_rel": 1e-7, "fp64_eager_loss_rel": 1e-7, "fp64_eager_grad_rel": 0.05}
+    assert evaluate(_fp32_case(**close, fp64_grad_rel=FP64_MULTIPLIER * 0.05)).numerics is True
+    assert evaluate(_fp32_case(**close, fp64_grad_rel=FP64_MULTIPLIER * 0.06)).numerics is False
+    assert evaluate(_fp32_case()).numerics is False
+    # the floor: eager fp32 at the fp64 answer does not demand a compiled run closer than tol
+    exact = {"fp64_loss_rel": 0.0, "fp64_eager_loss_rel": 0.0, "fp64_eager_grad_rel": 0.0}
+    assert evaluate(_fp32_case(**exact, fp64_grad_rel=FP32_RTOL)).numerics is True
+    assert evaluate(_fp32_case(**exact, fp64_grad_rel=3 * FP32_RTOL)).numerics is False
+    bf16 = _fp32_case(**close, fp64_grad_rel=0.0, stock_loss_rel=1e-7, stock_grad_rel=1e-3)
+    bf16.bf16 = True
+    assert evaluate(bf16).numerics is False
+
+
+def test_two_rank_record_keeps_the_worst_rank() -> None:
+    """The merged 2-rank record is judged on its worst rank: the largest errors, and the fp64
+    pair of the rank furthest from fp64 relative to its own eager fp32."""
+    from zoo.worker import _merge
+
+    base = {"error": None, "loss_rel": 1e-7}
+    r0 = {**base, "grad_rel": 0.1, "grad_worst": "step 2 a"}
+    r0 |= {"fp64_grad_rel": 0.1, "fp64_eager_grad_rel": 2e-5}  # eager fp32 near fp64
+    r1 = {**base, "grad_rel": 0.02, "grad_worst": "step 2 b"}
+    r1 |= {"fp64_grad_rel": 0.001, "fp64_eager_grad_rel": 0.02}  # eager fp32 far from fp64
+    for parts in ([r0, r1], [r1, r0]):
+        merged = _merge(parts)
+        assert merged["grad_rel"] == 0.1 and merged["grad_worst"] == "step 2 a"
+        assert (merged["fp64_grad_rel"], merged["fp64_eager_grad_rel"]) == (0.1, 2e-5)
 
 
 def test_shard_rows_pads_uneven_dim0() -> None:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from zoo.run import FP32_RTOL, GRAD_FLOOR, CaseResult, evaluate, numerics_tolerance
+from zoo.run import FP32_RTOL, FP64_MULTIPLIER, GRAD_FLOOR, CaseResult, evaluate, numerics_tolerance
 
 __all__ = ["attach_stock_gaps", "load", "render"]
 
@@ -57,6 +57,16 @@ def _verdict(r: CaseResult) -> str:
         if r.grad_rel <= r.stock_grad_rel and (r.loss_rel or 0.0) <= (r.stock_loss_rel or 0.0):
             fails[fails.index("numerics")] = "numerics (within stock gap)"
     return "**ok**" if not fails else ", ".join(fails)
+
+
+def _fp64_text(r: CaseResult) -> str:
+    if r.fp64_grad_rel is None:
+        return ""
+    return (
+        f" distance to eager fp64: compiled loss {_e(r.fp64_loss_rel)} / grad "
+        f"{_e(r.fp64_grad_rel)}, eager fp32 loss {_e(r.fp64_eager_loss_rel)} / grad "
+        f"{_e(r.fp64_eager_grad_rel)}"
+    )
 
 
 def _row(r: CaseResult) -> str:
@@ -112,14 +122,18 @@ _LEGEND = f"""\
 **Legend.** One row per model x configuration: `default` = `autoparallel_backend()`, `ac` =
 `autoparallel_backend(enable_ac=True)`, `full` = `autoparallel_backend(enable_ac=True,
 bucketing=True, overlap_scheduling=True)`; `stock` = plain `torch.compile` (Inductor) of the
-unsharded model, no first compilation (the reference gap for bf16 models).
+same sharded train step on the same batches, no first compilation (stock Inductor's gap in the
+same world: the reference gap for bf16 models).
 Parameters are FSDP-style dim-0 shards all-gathered in forward (`zoo/fsdp.py`).
 
 * **loss rel / grad rel**: relative error vs eager; for gradients per shard tensor
   `max|compiled - eager| / max(max|eager|, {GRAD_FLOOR:.0e} x the step's largest |eager| entry)`,
   worst over steps, shards and ranks (the floor keeps mathematically-zero gradients, such as
   attention key biases, from comparing round-off with round-off). **tol**: {FP32_RTOL:.0e} for fp32 models; for
-  bf16 models stock Inductor's own gap (never below {FP32_RTOL:.0e}).
+  bf16 models stock Inductor's own gap (never below {FP32_RTOL:.0e}). An fp32 case above tol is
+  judged as torch's own accuracy check does (`torch._dynamo.utils.same` with an fp64
+  reference): it passes when its distance to eager fp64 of the same sharded step is at most
+  {FP64_MULTIPLIER:g} x eager fp32's (both floored at tol); such rows are listed under *fp64-judged*.
 * **FSDP chains**: all-gather chains ap-tags found in the first compilation / parameter shards.
 * **first partition**: `PrecompiledModule.first_partition` (distinct saved storages / bytes);
   **SaveAll**: `AutoParallelBackend.saved` (same measure, summed over the compile's
@@ -157,7 +171,17 @@ def render(
         _HEADER,
     ]
     lines += [_row(r) for r in results]
-    lines += ["", _LEGEND, "## Errors and fallback reasons", ""]
+    lines += ["", _LEGEND]
+    judged = [r for r in results if r.fp64_grad_rel is not None]
+    if judged:
+        lines += ["## fp64-judged", ""]
+        lines += [
+            f"* `{r.model}` / `{r.config}`: vs eager fp32 loss {_e(r.loss_rel)}, grad "
+            f"{_e(r.grad_rel)} at {r.grad_worst or '?'};{_fp64_text(r)}"
+            for r in judged
+        ]
+        lines.append("")
+    lines += ["## Errors and fallback reasons", ""]
     seen: set[str] = set()
     for r in results:
         if r.error:
@@ -166,7 +190,7 @@ def render(
             lines.append(
                 f"* `{r.model}` / `{r.config}` numerics: loss rel {_e(r.loss_rel)}, grad rel "
                 f"{_e(r.grad_rel)} at {r.grad_worst or '?'} (stock Inductor: loss "
-                f"{_e(r.stock_loss_rel)}, grad {_e(r.stock_grad_rel)})"
+                f"{_e(r.stock_loss_rel)}, grad {_e(r.stock_grad_rel)}){_fp64_text(r)}"
             )
         for rep in r.reports:
             if rep.fell_back and rep.fallback_reason:
