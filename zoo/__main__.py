@@ -3,7 +3,7 @@
 Runs every model x configuration in its own subprocess (``zoo.worker``), one at a time, prints
 one line per case, and writes the JSON record and the markdown table. A full run (every model,
 every configuration) writes ``zoo/results.json`` and ``zoo/RESULTS.md`` unless told otherwise.
-``stock`` is plain ``torch.compile`` (Inductor) of the unsharded model: the reference gap
+``stock`` is plain ``torch.compile`` (Inductor) of the same sharded train step: the reference gap
 shown next to every model; bf16 models always get it (their numerics are judged against it).
 """
 
@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo", description=__doc__)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated (all)")
     parser.add_argument(
-        "--configs", default=",".join(CONFIGS), help="stock,default,ac,full (all four)"
+        "--configs",
+        default=",".join(("stock", *AP_CONFIGS)),
+        help=f"stock,default,ac,full (all four); also {','.join(CONFIGS[4:])}",
     )
     parser.add_argument("--ranks", type=int, default=1, choices=(1, 2), help="gloo ranks (1)")
     parser.add_argument("--json", default=None, help="JSON record (full run: zoo/results.json)")

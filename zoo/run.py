@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch._dynamo
+from ap_bucketing import BucketingConfig
 from torch import nn
 
 from zoo.fsdp import FsdpTrainStep
@@ -39,6 +40,7 @@ from zoo.models import MODELS, ZooModel
 
 __all__ = [
     "AP_CONFIGS",
+    "BUCKET_FORM_CONFIGS",
     "CONFIGS",
     "FP32_RTOL",
     "GRAD_FLOOR",
@@ -50,12 +52,23 @@ __all__ = [
 ]
 
 #: The backend options of each ap configuration.
-AP_CONFIGS: dict[str, dict[str, bool]] = {
+AP_CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "ac": {"enable_ac": True},
     "full": {"enable_ac": True, "bucketing": True, "overlap_scheduling": True},
 }
-CONFIGS: tuple[str, ...] = ("stock", *AP_CONFIGS)
+#: The full configuration with each of torch's bucket forms named explicitly (``full`` takes
+#: ap-bucketing's default form): a user can pass either, so either must train correctly or be
+#: refused. Not part of a whole-zoo run unless asked for (``--configs``).
+BUCKET_FORM_CONFIGS: dict[str, dict[str, Any]] = {
+    f"full_bucket_{mode}": {
+        "enable_ac": True,
+        "bucketing": BucketingConfig(bucket_mode=mode),
+        "overlap_scheduling": True,
+    }
+    for mode in ("default", "custom_ops")
+}
+CONFIGS: tuple[str, ...] = ("stock", *AP_CONFIGS, *BUCKET_FORM_CONFIGS)
 
 #: fp32 numerics criterion (normwise relative error, see :func:`rel_err`).
 FP32_RTOL = 1e-5
@@ -281,24 +294,6 @@ def _first_line(exc: BaseException) -> str:
 # one case
 
 
-class _LossModule(nn.Module):
-    """The unsharded model and its loss as one module (the stock-Inductor reference)."""
-
-    def __init__(self, zm: ZooModel) -> None:
-        super().__init__()
-        self.model = zm.module
-        self._zm = zm
-
-    def forward(self, *inputs: Any) -> torch.Tensor:
-        zm = self._zm
-        args = tuple(inputs[: zm.n_model_inputs])
-        kwargs = dict(zm.model_kwargs)
-        if zm.input_names is not None:
-            kwargs.update(zip(zm.input_names, args, strict=True))
-            args = ()
-        return zm.loss_fn(self.model(*args, **kwargs), *inputs[zm.n_model_inputs :])
-
-
 def _saved(summary: Any) -> Saved:
     return Saved(
         count=int(summary.count),
@@ -424,7 +419,7 @@ def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[s
     res.first = _saved(pm.first_partition)
 
     stage[0] = "torch.compile(backend=autoparallel_backend)"
-    backend = autoparallel_backend(**AP_CONFIGS[config])  # type: ignore[arg-type]
+    backend = autoparallel_backend(**{**AP_CONFIGS, **BUCKET_FORM_CONFIGS}[config])
     compiled = torch.compile(pm, backend=backend)
 
     def first_step(seconds: float) -> None:
