@@ -10,7 +10,9 @@ the few concepts it needs (``docs/architecture.md``, "Shared vocabulary and conv
   ``ap_tags.graph.size_hint`` / ``tensor_nbytes``;
 * ``UnsupportedTorchError``, ``TESTED_TORCH`` and the newer-torch warning
   (``_compat.untested_message`` / ``warn_if_untested``) vs ``ap_tags.torch_support``;
-* argument-check messages (``_checks``) vs ``ap_tags.checks``.
+* argument-check messages (``_checks``) vs ``ap_tags.checks``;
+* "this op's output is a view of its input" (``_out_writes.is_view``, which keeps reads of an
+  ``out=`` buffer after its write) vs ``ap_tags.graph.aliases_input``.
 
 Each test compares both sides on the same input, so a change to either side that makes them
 disagree fails here.
@@ -30,7 +32,7 @@ import ap_tags
 import pytest
 import torch
 import torch.fx as fx
-from ap_bucketing import _checks, _compat, _metrics, _sizes
+from ap_bucketing import _checks, _compat, _metrics, _out_writes, _sizes
 from ap_tags import checks, graph, torch_support
 from ap_testing.collectives import GraphBuilder, RandomCollectiveGraph, random_collective_graphs
 from hypothesis import HealthCheck, given, settings
@@ -106,6 +108,27 @@ def test_predicates_agree_on_every_collective_kind() -> None:
     assert [_metrics.is_reduce_scatter(n) for n in nodes] == [True, False, False, False]
     assert [graph.is_reduce_scatter(n) for n in nodes] == [True, False, False, False]
     assert _assert_nodes_agree(gm) == {"wait", "reduce_scatter", "sized"}
+
+
+def _many_views(x: torch.Tensor) -> torch.Tensor:
+    aten = torch.ops.aten
+    y = x.reshape(4, 16).t().transpose(0, 1)[1:3].unsqueeze(0).squeeze(0).expand(2, 16)
+    z = x.permute(1, 0).select(0, 2).narrow(0, 1, 4).as_strided((2,), (1,)).view(torch.int32)
+    parts = x.split(4)  # a multi-output view: its getitems are not views themselves
+    w = aten._unsafe_view(aten.alias(x.diagonal()), [8]).unfold(0, 2, 2).detach()
+    return y.sum() + z.float().sum() + parts[1].exp().sum() + w.sum() + x.clone().sum()
+
+
+def test_view_predicates_agree_on_a_traced_graph() -> None:
+    gm = torch.fx.experimental.proxy_tensor.make_fx(_many_views)(torch.randn(8, 8))
+    views = set()
+    for node in gm.graph.nodes:
+        ours = _out_writes.is_view(node)
+        assert ours == graph.aliases_input(node), node.format_node()
+        if ours:
+            views.add(getattr(node.target, "__name__", str(node.target)).split(".")[0])
+    # not vacuous: the schema views above and _unsafe_view are among them
+    assert {"view", "t", "transpose", "slice", "expand", "_unsafe_view", "alias"} <= views
 
 
 def _symbols() -> dict[str, torch.SymInt]:

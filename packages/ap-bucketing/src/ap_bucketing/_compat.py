@@ -181,6 +181,12 @@ def c10d_ops(*names: str) -> tuple[Any, ...]:
     return tuple(found)
 
 
+def op_overload_type() -> type:
+    """``torch._ops.OpOverload``: the type of an ATen/custom op target in an FX graph."""
+    op_type: type = attr("torch._ops", "OpOverload")
+    return op_type
+
+
 def wait_tensor_op() -> Any:
     """The functional ``wait_tensor`` overload every bucketing predicate keys on."""
     return c10d_ops("wait_tensor")[0]

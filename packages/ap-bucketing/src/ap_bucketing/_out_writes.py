@@ -21,38 +21,28 @@ from collections.abc import Iterable
 import torch
 import torch.fx as fx
 
+from ap_bucketing import _compat
+
 aten = torch.ops.aten
 
-#: ops whose output is a view of their first argument (same storage): reading one reads the base
-_VIEW_OPS = frozenset(
-    {
-        aten.alias.default,
-        aten.view.default,
-        aten.view.dtype,
-        aten.reshape.default,
-        aten._unsafe_view.default,
-        aten.slice.Tensor,
-        aten.narrow.default,
-        aten.as_strided.default,
-        aten.t.default,
-        aten.transpose.int,
-        aten.permute.default,
-        aten.expand.default,
-        aten.unsqueeze.default,
-        aten.squeeze.dim,
-        aten.select.int,
-    }
-)
 
-
-def _is_view(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target in _VIEW_OPS
+def is_view(node: fx.Node) -> bool:
+    """``node``'s output shares its first argument's storage, so reading it reads the base: an
+    op whose schema says it is a view (``view``, ``reshape``, ``slice``, ``t``, ``expand``,
+    ``alias``, ...) or ``_unsafe_view`` (a view autograd does not track as one). Decided by
+    the schema rather than a list, so a view op missing from a list can never let a read of
+    an ``out=`` buffer slip above its write (ap-tags' ``aliases_input`` is the same rule;
+    ``tests/test_vocabulary_agreement.py`` holds them together)."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, _compat.op_overload_type()):
+        return False
+    return bool(target.is_view) or target is aten._unsafe_view.default
 
 
 def _view_chain(node: fx.Node) -> list[fx.Node]:
     """``node`` and the views it is taken through, down to the storage's base (last)."""
     chain = [node]
-    while _is_view(chain[-1]) and isinstance(chain[-1].args[0], fx.Node):
+    while is_view(chain[-1]) and isinstance(chain[-1].args[0], fx.Node):
         chain.append(chain[-1].args[0])
     return chain
 
@@ -65,7 +55,7 @@ def _readers(base: fx.Node) -> set[fx.Node]:
         for user in stack.pop().users:
             if user not in found:
                 found.add(user)
-                if _is_view(user):
+                if is_view(user):
                     stack.append(user)
     return found
 
@@ -141,4 +131,4 @@ def restore_out_write_order(graph: fx.Graph, edges: Iterable[tuple[fx.Node, fx.N
     return sum(1 for i, n in enumerate(order) if pos[n] != i)
 
 
-__all__ = ["out_write_edges", "restore_out_write_order"]
+__all__ = ["is_view", "out_write_edges", "restore_out_write_order"]
