@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 import torch.fx as fx
@@ -34,10 +33,10 @@ def is_view(node: fx.Node) -> bool:
     the schema rather than a list, so a view op missing from a list can never let a read of
     an ``out=`` buffer slip above its write (ap-tags' ``aliases_input`` is the same rule;
     ``tests/test_vocabulary_agreement.py`` holds them together)."""
-    target: Any = node.target
+    target = node.target
     if node.op != "call_function" or not isinstance(target, _compat.op_overload_type()):
         return False
-    return bool(target.is_view) or target is aten._unsafe_view.default
+    return bool(getattr(target, "is_view", False)) or target is aten._unsafe_view.default
 
 
 def _view_chain(node: fx.Node) -> list[fx.Node]:
