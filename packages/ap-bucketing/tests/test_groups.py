@@ -49,3 +49,25 @@ def test_cast_chain_still_counts_as_fsdp() -> None:
     p = b.placeholder((4, 8))
     _, wait = b.all_gather(b.relu(p), group="dp")
     assert primary_fsdp_groups(b.module([wait])) == ({"dp"}, 8)
+
+
+def test_a_backward_that_only_reduce_scatters_has_a_group() -> None:
+    """Gradients reduce-scattered straight to the outputs make an FSDP group even with no
+    all-gather in the graph (torch's ``identify_fsdp_groups`` finds none); the group with the
+    most of them wins, sized by its own reduce-scatters."""
+    b = GraphBuilder()
+    waits = []
+    for group, size in [("tp", 4), ("dp", 8), ("dp", 8)]:
+        _, w = b.reduce_scatter(b.relu(b.placeholder((16, 8))), group=group, group_size=size)
+        waits.append(w)
+    assert primary_fsdp_groups(b.module(waits)) == ({"dp"}, 8)
+
+
+def test_a_reduce_scatter_feeding_compute_is_not_fsdp() -> None:
+    """A reduce-scatter whose result is added to something (gradient accumulation inside the
+    graph, or a sequence-parallel activation) is not an FSDP gradient: torch's bucketing would
+    not take it, so it makes no group."""
+    b = GraphBuilder()
+    x, acc = b.placeholder((16, 8)), b.placeholder((2, 8))
+    _, w = b.reduce_scatter(x, group="dp", group_size=8)
+    assert primary_fsdp_groups(b.module([b.add(w, acc)])) == (set(), None)

@@ -45,6 +45,31 @@ def test_prebucketing_only_merges_all_gathers_and_reduce_scatters(fake_pg: str) 
 
 @pytest.mark.parametrize("reorder", [False, True])
 @pytest.mark.parametrize("mode", ["default", "custom_ops"])
+def test_a_backward_without_all_gathers_buckets_its_reduce_scatters(
+    fake_pg: str, mode: str, reorder: bool
+) -> None:
+    """The ordinary backward (gathered weights saved by the forward) only reduce-scatters;
+    torch's own group detection finds no FSDP group there and leaves one collective per
+    parameter. Under ap-bucketing they are bucketed like a re-gathering backward's."""
+    gm = backward_like_graph(6, fake_pg, regather=False)
+    assert _count(gm, *_AGS) == 0
+    assert _count(gm, _c10d.reduce_scatter_tensor.default) == 6
+    config = BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0, bucket_mode=mode)
+    bucketing_pass = OverlapBucketingPass(config, cpu=True, reorder=reorder)
+    with collect_stats() as stats:
+        bucketing_pass(gm.graph)
+    gm.graph.lint()
+    assert _count(gm, _c10d.reduce_scatter_tensor.default) == 1
+    assert [s.bucketed for s in stats if s.buckets] == [6]
+    assert bucketing_pass.reports[-1]["collectives"] == {
+        "all_gather": (0, 0),
+        "reduce_scatter": (6, 1),
+        "all_reduce": (0, 0),
+    }
+
+
+@pytest.mark.parametrize("reorder", [False, True])
+@pytest.mark.parametrize("mode", ["default", "custom_ops"])
 def test_bucket_mode_reaches_torchs_bucketing(fake_pg: str, mode: str, reorder: bool) -> None:
     """``BucketingConfig.bucket_mode`` decides torch's bucket form, with and without the
     scheduler: ``custom_ops`` packs each bucket in one opaque op, ``default`` in copies."""

@@ -155,6 +155,13 @@ def fsdp_all_gather_helpers() -> tuple[Any, Any, Any]:
     return is_fsdp, group_name, group_size
 
 
+def fsdp_reduce_scatter_wait_predicate() -> Any:
+    """torch's ``fsdp.is_fsdp_reduce_scatter_wait``: the reduce-scatter's wait flows to the
+    graph's outputs through single-input ops only (a gradient going out unchanged). The same
+    predicate torch's FSDP reduce-scatter bucketing filters on."""
+    return attr(FSDP_MODULE, "is_fsdp_reduce_scatter_wait")
+
+
 def is_compute_node_predicate() -> Any:
     """``overlap_scheduling.is_compute_node``: an op with a flop formula."""
     return attr(OVERLAP_MODULE, "is_compute_node")

@@ -4,7 +4,14 @@ Torch's ``identify_fsdp_groups`` returns every group that carries an FSDP-shaped
 takes ``group_size`` from whichever such all-gather comes first. On graphs with several meshes
 (dp, tp, a flattened dp x tp group for norm weights...) that makes minority groups "FSDP" too and
 can size the bucket cap from the wrong group. Here the primary group is the one with the most
-FSDP all-gathers, ties going to the group seen first, and ``group_size`` comes from that group.
+FSDP collectives, ties going to the group seen first, and ``group_size`` comes from that group.
+
+FSDP collectives are all-gathers of one parameter **and reduce-scatters of a gradient that
+leaves the graph unchanged**. Torch finds groups from all-gathers only, so a backward that only
+reduce-scatters -- the ordinary one, where the forward saved the gathered weights -- has "no
+FSDP group" and keeps one reduce-scatter per parameter, exactly where bucketing matters most.
+Counting the reduce-scatters too makes torch's pre-bucketing reach that backward (its
+reduce-scatter and all-reduce bucketing then run on the group found here).
 """
 
 from __future__ import annotations
@@ -39,12 +46,29 @@ def _fsdp_all_gathers(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in _all_gathers(gm.graph) if is_fsdp_all_gather(n)]
 
 
+def _fsdp_reduce_scatters(gm: fx.GraphModule) -> list[fx.Node]:
+    """Reduce-scatters with a wait that flows to the graph's outputs through single-input ops
+    (torch's ``is_fsdp_reduce_scatter_wait``, which its FSDP reduce-scatter bucketing filters
+    on, so a group is found exactly where torch will then bucket)."""
+    is_fsdp_rs_wait = _compat.fsdp_reduce_scatter_wait_predicate()
+    wait = _compat.wait_tensor_op()
+    (reduce_scatter,) = _compat.c10d_ops("reduce_scatter_tensor")
+    return [
+        rs
+        for rs in gm.graph.find_nodes(op="call_function", target=reduce_scatter)
+        if any(
+            u.op == "call_function" and u.target is wait and is_fsdp_rs_wait(u) for u in rs.users
+        )
+    ]
+
+
 def fsdp_group_counts(gm: fx.GraphModule) -> dict[Hashable, tuple[int, int | None]]:
-    """``{group_name: (FSDP all-gather count, group_size of its first one)}`` in first-seen
-    order (torch's ``_find_all_gathers`` order: plain all-gathers, then ``_out`` variants)."""
+    """``{group_name: (FSDP collective count, group_size of its first one)}`` in first-seen
+    order: FSDP all-gathers in torch's ``_find_all_gathers`` order (plain, then ``_out``), then
+    FSDP reduce-scatters in graph order."""
     _, get_group_name, get_group_size = _compat.fsdp_all_gather_helpers()
     counts: dict[Hashable, tuple[int, int | None]] = {}
-    for ag in _fsdp_all_gathers(gm):
+    for ag in [*_fsdp_all_gathers(gm), *_fsdp_reduce_scatters(gm)]:
         name = get_group_name(ag)
         if name in counts:
             count, size = counts[name]
@@ -58,8 +82,9 @@ def primary_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None
     """``(OrderedSet([primary group]), its group_size)``; ``(OrderedSet(), None)`` if none.
 
     Same contract as torch's ``identify_fsdp_groups``. The primary group has the most FSDP
-    all-gathers; on a tie the group whose first FSDP all-gather is found first wins, so the
-    result is deterministic and always a single group.
+    collectives (all-gathers and reduce-scatters, see the module docstring); on a tie the group
+    whose first one is found first wins, so the result is deterministic and always a single
+    group. A graph that only reduce-scatters gradients has a group too.
     """
     require_graph_module(gm, where="primary_fsdp_groups")
     counts = fsdp_group_counts(gm)
@@ -75,7 +100,8 @@ def primary_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None
 
 
 def all_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None]:
-    """Every FSDP group (torch's behaviour), but ``group_size`` from the primary group."""
+    """Every FSDP group (torch's behaviour, reduce-scatter groups included), ``group_size``
+    from the primary group."""
     counts = fsdp_group_counts(gm)
     if not counts:
         return _compat.ordered_set(), None

@@ -157,6 +157,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             return
         _check_sizable(graph)  # refuse before torch's passes start mutating the graph
         before = max_consec_compute_between_rs(graph)
+        counts_before = collective_counts(graph)
         moved = 0
         with patched(self.config), cpu_overlap_estimators(self.cpu):
             kwargs = self.schedule_kwargs()
@@ -180,12 +181,20 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 _compat.stable_topological_sort(graph)
             moved = restore_out_write_order(graph, edges)
         after = max_consec_compute_between_rs(graph)
+        counts = {
+            kind: (count, collective_counts(graph)[kind]) for kind, count in counts_before.items()
+        }
         self.reports.append(
-            {"max_consec_compute_between_rs": (before, after), "out_write_reorders": moved}
+            {
+                "max_consec_compute_between_rs": (before, after),
+                "out_write_reorders": moved,
+                "collectives": counts,
+            }
         )
         log.info(
-            "OverlapBucketingPass: max_consec_compute_between_rs %d -> %d (reorder=%s, cpu=%s, "
-            "nodes moved back after out= writes: %d)",
+            "OverlapBucketingPass: %s; max_consec_compute_between_rs %d -> %d (reorder=%s, "
+            "cpu=%s, nodes moved back after out= writes: %d)",
+            ", ".join(f"{kind} {b} -> {a}" for kind, (b, a) in counts.items()),
             before,
             after,
             self.reorder,
@@ -206,6 +215,22 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
 
 
 _PASS = "OverlapBucketingPass"
+
+
+def collective_counts(graph: fx.Graph) -> dict[str, int]:
+    """Functional collectives issued by ``graph``, by kind (the ``_out`` all-gather counted
+    with the plain one): what a bucketing pass reduces, reported before and after it."""
+    kinds = {
+        "all_gather": ("all_gather_into_tensor", "all_gather_into_tensor_out"),
+        "reduce_scatter": ("reduce_scatter_tensor",),
+        "all_reduce": ("all_reduce",),
+    }
+    return {
+        kind: sum(
+            len(graph.find_nodes(op="call_function", target=op)) for op in _compat.c10d_ops(*ops)
+        )
+        for kind, ops in kinds.items()
+    }
 
 
 def _check_schedule_overrides(overrides: dict[str, object]) -> None:

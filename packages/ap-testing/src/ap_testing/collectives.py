@@ -153,18 +153,26 @@ def all_gather_bucketing_args(
     return gm, cap_fn, bucketing.is_all_gather_into_tensor, bucketing._ag_group_key
 
 
-def backward_like_graph(layers: int, group: str, dim: int = 64, tokens: int = 64) -> fx.GraphModule:
+def backward_like_graph(
+    layers: int, group: str, dim: int = 64, tokens: int = 64, *, regather: bool = True
+) -> fx.GraphModule:
     """A backward-like FSDP graph: per layer (last to first) re-gather the weight, two matmuls,
-    reduce-scatter the weight gradient to the output. Values are CPU fake tensors, because
-    torch's bucket merging traces through fake mode; ``group`` must name a real (or fake)
-    process group when the graph is merged or scheduled."""
+    reduce-scatter the weight gradient to the output. With ``regather=False`` the gathered
+    weights are inputs instead (the forward saved them, as stock min-cut does): the backward
+    only reduce-scatters. Values are CPU fake tensors, because torch's bucket merging traces
+    through fake mode; ``group`` must name a real (or fake) process group when the graph is
+    merged or scheduled."""
     b = GraphBuilder(dtype=torch.float32)
     grad = b.placeholder((tokens, dim))
     acts = [b.placeholder((tokens, dim)) for _ in range(layers)]
-    shards = [b.placeholder((dim // 8, dim)) for _ in range(layers)]
+    shape = (dim // 8, dim) if regather else (dim, dim)
+    shards = [b.placeholder(shape) for _ in range(layers)]
     outputs: list[fx.Node] = []
     for layer in reversed(range(layers)):
-        _, weight = b.all_gather(shards[layer], group=group, group_size=8)
+        if regather:
+            _, weight = b.all_gather(shards[layer], group=group, group_size=8)
+        else:
+            weight = shards[layer]
         grad_in = b.mm(grad, weight)
         grad_t = b.call(aten.t.default, (grad,), (dim, tokens))
         grad_w = b.mm(grad_t, acts[layer])
