@@ -145,3 +145,26 @@ def test_a_refusing_pass_leaves_the_graph_untouched(fake_pg: str) -> None:
         OverlapBucketingPass(cpu=True, reorder=False)(gm.graph)
     assert gm.graph.python_code("self").src == before
     assert not ap_bucketing.is_installed()
+
+
+@pytest.mark.parametrize("mode", ["default", "custom_ops"])
+def test_reduce_scatter_waits_with_alias_users_are_bucketed(fake_pg: str, mode: str) -> None:
+    """torchtitan#4052's shape: each gradient leaves through ``aten.alias(wait_tensor(rs))``.
+    The alias is a single-input op, so the reduce-scatters are still FSDP gradients; they are
+    bucketed and every output still reads its own member through its alias."""
+    gm = backward_like_graph(4, fake_pg, regather=False)
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    output = gm.graph.output_node()
+    for old in [a for a in output.args[0] if a.target is wait]:  # type: ignore[union-attr]
+        with gm.graph.inserting_after(old):
+            alias = gm.graph.call_function(torch.ops.aten.alias.default, (old,))
+        alias.meta["val"] = old.meta["val"]
+        output.replace_input_with(old, alias)
+    gm.recompile()
+    config = BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0, bucket_mode=mode)
+    OverlapBucketingPass(config, cpu=True, reorder=True)(gm.graph)
+    gm.graph.lint()
+    assert _count(gm, _c10d.reduce_scatter_tensor.default) == 1
+    outs = gm.graph.output_node().args[0]
+    aliases = [a for a in outs if a.target is torch.ops.aten.alias.default]  # type: ignore[union-attr]
+    assert len(aliases) == 4 and len({a.args[0] for a in aliases}) == 4
