@@ -42,15 +42,16 @@ class BucketingConfig:
         non_adjacent: group collectives by key without requiring them to be adjacent in wait
             order (interleaved dp/tp collectives otherwise never bucket).
         bucket_mode: how torch materialises a bucket (one of :data:`BUCKET_MODES`), handed to
-            its FSDP pre-bucketing and overlap scheduler. ``"custom_ops"`` packs a bucket inside
-            one opaque op: on torchtitan's Llama3 at 8 layers Inductor emits 22 C++ kernels
-            instead of 104 with ``"default"``, and AC + bucketing + overlap compiles in 0.92x
-            stock Inductor's time instead of 2.63x (benchmarks/RESULTS.md, section 7). It is
-            not the default: on 2 gloo ranks torchtitan's DeepSeek-V3 trains with wrong
-            gradients in it (grad rel 1.0; exact with ``"default"``), not diagnosed yet. Its
-            unpack fills each member with an ``out=`` copy that the member's readers have no
-            data edge to; torch's overlap scheduler hoisted such reads above the copy (NaN
-            losses), which ``OverlapBucketingPass`` undoes (``_out_writes.py``).
+            its FSDP pre-bucketing and overlap scheduler. ``"custom_ops"`` (the default) packs
+            a bucket inside one opaque op: on torchtitan's Llama3 at 8 layers Inductor emits 22
+            C++ kernels instead of 104 with ``"default"``, and AC + bucketing + overlap compiles
+            in 0.92x stock Inductor's time instead of 2.63x (benchmarks/RESULTS.md, section 7).
+            Its unpack fills each member with an ``out=`` copy that the member's readers have
+            no data edge to; torch's overlap scheduler hoisted such reads above the copy (NaN
+            losses), which ``OverlapBucketingPass`` undoes (``_out_writes.py``). ``"default"``
+            (one copy kernel per member, all visible to Inductor) is for a pipeline that runs
+            torch's overlap scheduler or another reordering pass on the bucketed graph *without*
+            ``OverlapBucketingPass``: nothing else restores the ``out=`` order there.
     """
 
     max_topo_span: int | None = 1500
@@ -58,7 +59,7 @@ class BucketingConfig:
     bucket_cap_mb: float | None = None
     primary_group_only: bool = True
     non_adjacent: bool = True
-    bucket_mode: str = "default"
+    bucket_mode: str = "custom_ops"
 
     def __post_init__(self) -> None:
         where = "BucketingConfig"
