@@ -71,3 +71,11 @@ def test_a_reduce_scatter_feeding_compute_is_not_fsdp() -> None:
     x, acc = b.placeholder((16, 8)), b.placeholder((2, 8))
     _, w = b.reduce_scatter(x, group="dp", group_size=8)
     assert primary_fsdp_groups(b.module([b.add(w, acc)])) == (set(), None)
+
+
+def test_gradient_all_reduces_make_a_group_without_a_size() -> None:
+    """DDP: gradients all-reduced straight to the outputs make the group; an all-reduce has no
+    ``group_size`` argument, so the size is unknown (torch then uses the configured cap)."""
+    b = GraphBuilder()
+    waits = [b.all_reduce(b.relu(b.placeholder((16, 8))), group="dp")[1] for _ in range(3)]
+    assert primary_fsdp_groups(b.module(waits)) == ({"dp"}, None)

@@ -147,6 +147,19 @@ def test_a_refusing_pass_leaves_the_graph_untouched(fake_pg: str) -> None:
     assert not ap_bucketing.is_installed()
 
 
+def test_ddp_gradient_all_reduces_are_bucketed(fake_pg: str) -> None:
+    """DDP's backward all-reduces each gradient straight to the output: the all-reduces make
+    the group (no all-gather, no reduce-scatter) and are bucketed under the same rules."""
+    gm = backward_like_graph(6, fake_pg, regather=False, all_reduce=True)
+    assert _count(gm, _c10d.all_reduce.default) == 6
+    bucketing_pass = OverlapBucketingPass(
+        BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0), cpu=True, reorder=True
+    )
+    bucketing_pass(gm.graph)
+    gm.graph.lint()
+    assert bucketing_pass.reports[-1]["collectives"]["all_reduce"] == (6, 1)
+
+
 @pytest.mark.parametrize("mode", ["default", "custom_ops"])
 def test_reduce_scatter_waits_with_alias_users_are_bucketed(fake_pg: str, mode: str) -> None:
     """torchtitan#4052's shape: each gradient leaves through ``aten.alias(wait_tensor(rs))``.

@@ -46,35 +46,41 @@ def _fsdp_all_gathers(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in _all_gathers(gm.graph) if is_fsdp_all_gather(n)]
 
 
-def _fsdp_reduce_scatters(gm: fx.GraphModule) -> list[fx.Node]:
-    """Reduce-scatters with a wait that flows to the graph's outputs through single-input ops
-    (torch's ``is_fsdp_reduce_scatter_wait``, which its FSDP reduce-scatter bucketing filters
-    on, so a group is found exactly where torch will then bucket)."""
-    is_fsdp_rs_wait = _compat.fsdp_reduce_scatter_wait_predicate()
+def _gradient_collectives(gm: fx.GraphModule) -> list[fx.Node]:
+    """Reduce-scatters, then all-reduces, whose wait flows to the graph's outputs through
+    single-input ops: a gradient leaving the graph unchanged (FSDP's reduce-scatter, DDP's
+    all-reduce). The predicate is torch's ``is_fsdp_reduce_scatter_wait``, which its FSDP
+    reduce-scatter bucketing filters on, so a group is found exactly where torch will then
+    bucket."""
+    is_gradient_wait = _compat.fsdp_reduce_scatter_wait_predicate()
     wait = _compat.wait_tensor_op()
-    (reduce_scatter,) = _compat.c10d_ops("reduce_scatter_tensor")
-    return [
-        rs
-        for rs in gm.graph.find_nodes(op="call_function", target=reduce_scatter)
-        if any(
-            u.op == "call_function" and u.target is wait and is_fsdp_rs_wait(u) for u in rs.users
+    found: list[fx.Node] = []
+    for op in _compat.c10d_ops("reduce_scatter_tensor", "all_reduce"):
+        found.extend(
+            coll
+            for coll in gm.graph.find_nodes(op="call_function", target=op)
+            if any(
+                u.op == "call_function" and u.target is wait and is_gradient_wait(u)
+                for u in coll.users
+            )
         )
-    ]
+    return found
 
 
 def fsdp_group_counts(gm: fx.GraphModule) -> dict[Hashable, tuple[int, int | None]]:
     """``{group_name: (FSDP collective count, group_size of its first one)}`` in first-seen
     order: FSDP all-gathers in torch's ``_find_all_gathers`` order (plain, then ``_out``), then
-    FSDP reduce-scatters in graph order."""
+    gradient reduce-scatters and all-reduces in graph order (an all-reduce has no
+    ``group_size`` argument: ``None`` until a sized collective of its group is seen)."""
     _, get_group_name, get_group_size = _compat.fsdp_all_gather_helpers()
+    (all_reduce,) = _compat.c10d_ops("all_reduce")
     counts: dict[Hashable, tuple[int, int | None]] = {}
-    for ag in [*_fsdp_all_gathers(gm), *_fsdp_reduce_scatters(gm)]:
-        name = get_group_name(ag)
-        if name in counts:
-            count, size = counts[name]
-            counts[name] = (count + 1, size)
-        else:
-            counts[name] = (1, get_group_size(ag))
+    for coll in [*_fsdp_all_gathers(gm), *_gradient_collectives(gm)]:
+        name = get_group_name(coll)
+        count, size = counts.get(name, (0, None))
+        if size is None and coll.target is not all_reduce:
+            size = get_group_size(coll)
+        counts[name] = (count + 1, size)
     return counts
 
 

@@ -154,12 +154,19 @@ def all_gather_bucketing_args(
 
 
 def backward_like_graph(
-    layers: int, group: str, dim: int = 64, tokens: int = 64, *, regather: bool = True
+    layers: int,
+    group: str,
+    dim: int = 64,
+    tokens: int = 64,
+    *,
+    regather: bool = True,
+    all_reduce: bool = False,
 ) -> fx.GraphModule:
     """A backward-like FSDP graph: per layer (last to first) re-gather the weight, two matmuls,
     reduce-scatter the weight gradient to the output. With ``regather=False`` the gathered
     weights are inputs instead (the forward saved them, as stock min-cut does): the backward
-    only reduce-scatters. Values are CPU fake tensors, because torch's bucket merging traces
+    only reduce-scatters. ``all_reduce=True`` (with ``regather=False``) all-reduces the
+    gradients instead, as DDP does. Values are CPU fake tensors, because torch's bucket merging traces
     through fake mode; ``group`` must name a real (or fake) process group when the graph is
     merged or scheduled."""
     b = GraphBuilder(dtype=torch.float32)
@@ -176,7 +183,10 @@ def backward_like_graph(
         grad_in = b.mm(grad, weight)
         grad_t = b.call(aten.t.default, (grad,), (dim, tokens))
         grad_w = b.mm(grad_t, acts[layer])
-        _, grad_shard = b.reduce_scatter(grad_w, group=group, group_size=8)
+        if all_reduce:
+            _, grad_shard = b.all_reduce(grad_w, group=group)
+        else:
+            _, grad_shard = b.reduce_scatter(grad_w, group=group, group_size=8)
         outputs.append(grad_shard)
         grad = b.relu(grad_in)
     gm = b.module([*outputs, grad])
