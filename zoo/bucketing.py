@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ENGINES", "run_engine", "run_rank"]
+__all__ = ["ENGINES", "build", "run_engine", "run_rank", "train"]
 
 ENGINES = ("fsdp_step", "simple_fsdp")
 
@@ -45,11 +45,11 @@ class _LossOf(nn.Module):
         return out
 
 
-def _build(engine: str, model: str, world: int) -> tuple[nn.Module, list[tuple[str, Any]], Any]:
+def build(engine: str, zm: Any, world: int) -> tuple[nn.Module, list[tuple[str, Any]]]:
+    """``zm``'s model sharded by ``engine`` (see the module docstring) as one loss module, and
+    the parameters an optimizer steps (the shards)."""
     from zoo.fsdp import FsdpTrainStep
-    from zoo.models import MODELS
 
-    zm = MODELS[model](2)
     if engine == "fsdp_step":
         wrapped = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
         params = [(n, p) for n, p in wrapped.named_shards() if isinstance(p, nn.Parameter)]
@@ -61,7 +61,7 @@ def _build(engine: str, model: str, world: int) -> tuple[nn.Module, list[tuple[s
         params = list(step.named_parameters())
     else:
         raise ValueError(f"zoo.bucketing: unknown engine {engine!r}; known: {ENGINES}")
-    return step, params, zm
+    return step, params
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (t if to_local is None else to_local()).detach().clone()
 
 
-def _train(fn: Any, params: list[tuple[str, Any]], batches: list[Any]) -> tuple[list[float], Any]:
+def train(fn: Any, params: list[tuple[str, Any]], batches: list[Any]) -> tuple[list[float], Any]:
     losses, grads = [], []
     for batch in batches:
         loss = fn(*batch)
@@ -90,19 +90,21 @@ def run_rank(rank: int, world: int, engine: str, model: str, bucketing: str) -> 
     """One rank's run: eager, then stock compile with (``ours``) or without (``none``) the pass."""
     from ap_bucketing import BucketingConfig, OverlapBucketingPass
 
+    from zoo.models import MODELS
     from zoo.run import _grads_rel, _loss_rel, _rank_batches, _State
 
     torch.manual_seed(0)
-    step, params, zm = _build(engine, model, world)
+    zm = MODELS[model](2)
+    step, params = build(engine, zm, world)
     batches = _rank_batches(zm, rank)
     state = _State(step)
-    ref_losses, ref_grads = _train(step, params, batches)
+    ref_losses, ref_grads = train(step, params, batches)
     state.restore()
     bucketing_pass = OverlapBucketingPass(BucketingConfig(max_topo_span=1500), reorder=True)
     torch._dynamo.reset()
     patch = {"post_grad_custom_post_pass": bucketing_pass if bucketing == "ours" else None}
     with torch._inductor.config.patch(patch):
-        losses, grads = _train(torch.compile(step), params, batches)
+        losses, grads = train(torch.compile(step), params, batches)
     return {
         "rank": rank,
         "n_params": len(params),
