@@ -30,10 +30,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from zoo.fsdp import FsdpTrainStep
 from zoo.models import MODELS
 from zoo.models._base import ZooModel, token_batches
-from zoo.run import _first_line, _grads_rel, _loss_rel, _State, _train
+from zoo.run import (
+    _first_line,
+    _grads_rel,
+    _loss_rel,
+    _shard_params,
+    _sharded_step,
+    _State,
+    _train,
+)
 
 __all__ = ["EP_BATCH", "EP_MODELS", "EpResult", "run_ep_case"]
 
@@ -57,20 +64,6 @@ class EpResult:
     eager_chunked_vs_eager_grad: float | None = None
     backend_s: float | None = None
     error: str | None = None
-
-
-def _step(model: nn.Module, zm: ZooModel) -> FsdpTrainStep:
-    return FsdpTrainStep(
-        model,
-        zm.loss_fn,
-        n_model_inputs=zm.n_model_inputs,
-        model_kwargs=zm.model_kwargs,
-        input_names=zm.input_names,
-    )
-
-
-def _params(step: FsdpTrainStep) -> list[tuple[str, nn.Parameter]]:
-    return [(n, p) for n, p in step.named_shards() if isinstance(p, nn.Parameter)]
 
 
 def _eager_chunked(zm: ZooModel, n: int) -> nn.Module:
@@ -103,13 +96,13 @@ def run_ep_case(model: str, num_chunks: int, steps: int = 2) -> EpResult:
         zm = MODELS[model](steps)
         zm.batches = list(token_batches(steps, batch=EP_BATCH))
         ref_model = _eager_chunked(zm, max(num_chunks, 2))
-        step = _step(zm.module, zm)
-        params = _params(step)
+        step = _sharded_step(zm)
+        params = _shard_params(step)
         state = _State(step)
         ref_losses, ref_grads = _train(step, params, zm.batches)
         state.restore()
-        ec_step = _step(ref_model, zm)
-        ec_losses, ec_grads = _train(ec_step, _params(ec_step), zm.batches)
+        ec_step = _sharded_step(zm, ref_model)
+        ec_losses, ec_grads = _train(ec_step, _shard_params(ec_step), zm.batches)
         ec_grads = _unwrapped(ec_grads)
         for t in zm.batches[0]:  # the documented token route: mark, then compile on them
             mark_chunk_dim(t, 0, hint=None)

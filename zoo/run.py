@@ -322,9 +322,11 @@ def _describe(res: CaseResult, zm: ZooModel, steps: int, ranks: int) -> None:
     res.notes = list(zm.notes)
 
 
-def _sharded_step(zm: ZooModel) -> FsdpTrainStep:
+def _sharded_step(zm: ZooModel, module: nn.Module | None = None) -> FsdpTrainStep:
+    """``zm``'s model (or ``module``, a variant of it) FSDP-wrapped with ``zm``'s loss and call
+    convention: the step every zoo case trains."""
     return FsdpTrainStep(
-        zm.module,
+        zm.module if module is None else module,
         zm.loss_fn,
         n_model_inputs=zm.n_model_inputs,
         model_kwargs=zm.model_kwargs,

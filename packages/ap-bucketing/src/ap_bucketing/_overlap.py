@@ -181,9 +181,8 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 _compat.stable_topological_sort(graph)
             moved = restore_out_write_order(graph, edges)
         after = max_consec_compute_between_rs(graph)
-        counts = {
-            kind: (count, collective_counts(graph)[kind]) for kind, count in counts_before.items()
-        }
+        counts_after = collective_counts(graph)
+        counts = {kind: (count, counts_after[kind]) for kind, count in counts_before.items()}
         self.reports.append(
             {
                 "max_consec_compute_between_rs": (before, after),
