@@ -36,7 +36,7 @@ class BucketingConfig:
             scheduler may launch a collective.
         bucket_cap_mb: byte cap per bucket in MiB; ``None`` keeps torch's own cap (the
             saturation model for FSDP pre-bucketing, the caller's cap function otherwise).
-        primary_group_only: treat only the process group with the most FSDP all-gathers as the
+        primary_group_only: treat only the process group with the most FSDP collectives as the
             FSDP group (minority groups, e.g. norm weights on a dp x tp group, stay unbucketed
             by the FSDP all-reduce path and do not steer the cap).
         non_adjacent: group collectives by key without requiring them to be adjacent in wait

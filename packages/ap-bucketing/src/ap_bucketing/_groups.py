@@ -11,7 +11,8 @@ leaves the graph unchanged**. Torch finds groups from all-gathers only, so a bac
 reduce-scatters -- the ordinary one, where the forward saved the gathered weights -- has "no
 FSDP group" and keeps one reduce-scatter per parameter, exactly where bucketing matters most.
 Counting the reduce-scatters too makes torch's pre-bucketing reach that backward (its
-reduce-scatter and all-reduce bucketing then run on the group found here).
+reduce-scatter and all-reduce bucketing then run on the group found here). DDP's gradient
+all-reduces, which leave the graph the same way, count likewise.
 """
 
 from __future__ import annotations
@@ -88,9 +89,10 @@ def primary_fsdp_groups(gm: fx.GraphModule) -> tuple[OrderedSet[Any], int | None
     """``(OrderedSet([primary group]), its group_size)``; ``(OrderedSet(), None)`` if none.
 
     Same contract as torch's ``identify_fsdp_groups``. The primary group has the most FSDP
-    collectives (all-gathers and reduce-scatters, see the module docstring); on a tie the group
-    whose first one is found first wins, so the result is deterministic and always a single
-    group. A graph that only reduce-scatters gradients has a group too.
+    collectives (all-gathers, gradient reduce-scatters and all-reduces, see the module
+    docstring); on a tie the group whose first one is found first wins, so the result is
+    deterministic and always a single group. A graph that only reduce-scatters (or all-reduces)
+    gradients has a group too.
     """
     require_graph_module(gm, where="primary_fsdp_groups")
     counts = fsdp_group_counts(gm)
