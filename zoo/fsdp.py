@@ -9,6 +9,11 @@ through ``torch.func.functional_call`` with the gathered parameters and the wrap
 then the model's own loss function. The wrapped model is *not* a submodule: the only
 parameters anyone (``precompile``, an optimizer) sees are the shards.
 
+Parameters that are already DTensors (expert weights sharded over an expert-parallel mesh by
+torchtitan's ``parallelize``) are registered as they are, neither sharded again nor gathered:
+each rank owns its experts whole, and their gradients are complete on the owning rank (the
+token exchange's backward brings every token's contribution home).
+
 Why not parametrization: parametrized modules (SimpleFSDP) fail in
 ``PrecompiledModule.forward`` today (a known, separate issue); this wrapper keeps every model's
 own code untouched and gives the graph the shape the ap passes target
@@ -25,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 __all__ = ["FsdpTrainStep", "ShardSpec", "shard_rows"]
 
@@ -101,7 +107,12 @@ class FsdpTrainStep(nn.Module):
             )
         self.input_names = input_names
         self.specs: list[ShardSpec] = []
+        self.local_fqns: list[str] = []
         for fqn, param in model.named_parameters():  # tied parameters appear once
+            if isinstance(param, DTensor):
+                self.register_parameter(_attr_name(fqn), param)
+                self.local_fqns.append(fqn)
+                continue
             shard, padded = shard_rows(param, self.world_size, self.rank)
             self.register_parameter(_attr_name(fqn), nn.Parameter(shard, param.requires_grad))
             self.specs.append(ShardSpec(fqn, tuple(param.shape), padded))
@@ -121,7 +132,10 @@ class FsdpTrainStep(nn.Module):
         return param
 
     def named_shards(self) -> list[tuple[str, torch.Tensor]]:
-        return [(s.fqn, self.shard(s.fqn)) for s in self.specs]
+        """Every parameter this rank trains: the FSDP shards, then the parameters kept local
+        (DTensors sharded by their own mesh)."""
+        fqns = [s.fqn for s in self.specs] + self.local_fqns
+        return [(fqn, self.shard(fqn)) for fqn in fqns]
 
     def gather(self, spec: ShardSpec) -> torch.Tensor:
         """All-gather one shard: the two autograd-registered functional ops that
@@ -140,6 +154,8 @@ class FsdpTrainStep(nn.Module):
 
     def forward(self, *inputs: Any) -> torch.Tensor:
         state: dict[str, torch.Tensor] = {s.fqn: self.gather(s) for s in self.specs}
+        for fqn in self.local_fqns:
+            state[fqn] = getattr(self, _attr_name(fqn))
         for fqn in self.buffer_fqns:
             state[fqn] = getattr(self, _attr_name(fqn))
         model_args = tuple(inputs[: self.n_model_inputs])

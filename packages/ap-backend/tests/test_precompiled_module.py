@@ -111,14 +111,25 @@ class _Named(nn.Module):
 
 
 class _Item(nn.Module):
+    """Reads two values into Python and only computes with them (no decision on them)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.lin(x)
-        scale = y.abs().max().item()  # the line the error must name
-        return y / scale
+        scale = y.abs().max().item()
+        rows = (x > 0).sum().item()
+        return (y / scale).sum() * rows
+
+
+class _BranchOnItem(_Item):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if y.abs().max().item() > 1:  # the line the error must name
+            y = y / 2
+        return y
 
 
 class _Print(_Item):
@@ -136,15 +147,38 @@ class _GuardedPrint(_Item):
         return y
 
 
-def test_item_in_forward_names_the_op_and_the_source_line() -> None:
+def test_values_read_with_item_are_symbols_in_one_graph_that_matches_eager() -> None:
+    """``.item()`` used only in arithmetic traces (an unbacked symbol, as Dynamo does with
+    ``capture_scalar_outputs``), and the backend compiles the recorded reads into one graph
+    without that setting."""
+    torch.manual_seed(0)
+    model, x = _Item(), torch.randn(2, 4)
+    ref = model(x)
+    ref.backward()  # type: ignore[no-untyped-call]
+    ref_grad = model.lin.weight.grad.clone()  # type: ignore[union-attr]
+    model.zero_grad()
+    assert not torch._dynamo.config.capture_scalar_outputs
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = torch.compile(precompile(model, (x,)), backend=autoparallel_backend())
+        out = compiled(x)
+    out.backward()  # type: ignore[no-untyped-call]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=0)
+    torch.testing.assert_close(model.lin.weight.grad, ref_grad, rtol=1e-6, atol=1e-7)
+
+
+def test_branch_on_item_names_the_decision_and_the_source_line() -> None:
     with pytest.raises(PrecompileError) as info:
-        precompile(_Item(), (torch.randn(2, 4),))
+        precompile(_BranchOnItem(), (torch.randn(2, 4),))
     err = info.value
-    assert err.op == "aten._local_scalar_dense.default"
+    assert err.op == "GuardOnDataDependentSymNode"
     assert err.location is not None and err.location.startswith(__file__)
     msg = str(err)
-    assert "Tensor.item()" in msg
-    assert "scale = y.abs().max().item()" in msg
+    assert "if t.item() > 0:" in msg
+    assert "if y.abs().max().item() > 1:" in msg
     assert "graph break" in msg and "pass it in as an argument" in msg
 
 

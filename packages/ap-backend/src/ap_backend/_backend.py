@@ -146,7 +146,10 @@ class AutoParallelBackend:
         needs_joint_pass = opts.enable_ac or opts.ep_chunk is not None
         start = time.perf_counter()
         joint_pass = functools.partial(self._joint_pass, graph_inputs=list(example_inputs))
-        with partitioning(self._partitioner, joint_pass if needs_joint_pass else None):
+        with (
+            partitioning(self._partitioner, joint_pass if needs_joint_pass else None),
+            _compat.scalar_outputs_allowed(example_inputs),
+        ):
             compiled = _compat.compile_fx()(
                 gm,
                 example_inputs,

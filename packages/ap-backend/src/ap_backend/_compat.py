@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -142,6 +142,53 @@ def _set_compiling_flag() -> Callable[[], None]:
 #: ``torch.compiler.is_compiling()`` answers True inside the block (a ScopedPatch), as it does while Dynamo
 #: traces and while ``torch.export`` traces non-strictly (which sets the same flag).
 COMPILING = ScopedPatch("torch.compiler.is_compiling() = True", _set_compiling_flag)
+
+
+def static_fake_inputs(tree: Any) -> Any:
+    """``tree`` with every tensor leaf replaced by a fake tensor of the same (static) sizes,
+    all in one ``FakeTensorMode`` over a fresh ``ShapeEnv``.
+
+    Why: ``aot_export_joint_with_descriptors`` takes the fake mode of its inputs when they have
+    one, and otherwise makes one *without* a shape environment, where a tensor read into Python
+    (``.tolist()`` of split sizes, ``.item()``) cannot become a symbol and fails. With these
+    inputs such reads become unbacked SymInts, as under Dynamo with ``capture_scalar_outputs``;
+    every input dim stays static (``static_shapes=True``), and the parameters, which are not in
+    ``tree``, are fakified static by AOTAutograd (``static_weight_shapes``)."""
+    mode_type: Any = SUPPORT.attr("torch._subclasses.fake_tensor", "FakeTensorMode")
+    shape_env_type: Any = SUPPORT.attr("torch.fx.experimental.symbolic_shapes", "ShapeEnv")
+    mode = mode_type(shape_env=shape_env_type(), allow_non_fake_inputs=True)
+
+    def fake(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor):
+            return mode.from_tensor(leaf, static_shapes=True)
+        return leaf
+
+    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_map",))
+    return pytree.tree_map(fake, tree)
+
+
+@contextlib.contextmanager
+def scalar_outputs_allowed(example_inputs: Any) -> Iterator[None]:
+    """Within the block, the compiling graph's fake mode lets ``_local_scalar_dense`` make
+    unbacked symbols (``FakeTensorMode.allow_scalar_outputs``), restored on exit.
+
+    Why: a precompiled module's graphs may read split sizes into Python (``.tolist()``), which
+    the first compilation recorded as unbacked symbols. Dynamo records them while it runs the
+    graph (ap-tags' replay scope), but Inductor re-propagates fake tensors through the graph it
+    is given, in the same fake mode, which refuses such reads unless Dynamo was configured with
+    ``capture_scalar_outputs``. Those reads were accepted once; the backend accepts them
+    again for its own compile only."""
+    detect: Any = SUPPORT.attr("torch._guards", "detect_fake_mode")
+    fake_mode = detect(list(example_inputs))
+    if fake_mode is None or fake_mode.shape_env is None:
+        yield
+        return
+    old = fake_mode.allow_scalar_outputs
+    fake_mode.allow_scalar_outputs = True
+    try:
+        yield
+    finally:
+        fake_mode.allow_scalar_outputs = old
 
 
 def data_dependent_errors() -> dict[type[BaseException], str]:

@@ -137,8 +137,9 @@ def _first_compilation(
     with contextlib.ExitStack() as stack:
         stack.enter_context(ap_tags.annotate_module_fqns(module))
         try:
+            fake_args, fake_kwargs = _compat.static_fake_inputs((args, kwargs))
             with tracing_like_compile():
-                jd = export_joint(stack, module, args, kwargs or None)
+                jd = export_joint(stack, module, fake_args, fake_kwargs or None)
         except Exception as exc:
             translated = translate_trace_error(exc, where=where)
             if translated is None:

@@ -10,8 +10,11 @@ module's Python runs once more with fake tensors). Three things make that trace 
   tensors only when the answer is False.
 * What ``torch.compile`` would turn into a graph break cannot be part of one recorded graph, so
   it is an error (:class:`PrecompileError`) naming the op, the source line and the way out:
-  reading a tensor's value (``.item()``, ``if t:``), ops with value-dependent output shapes
-  (``nonzero``), and ``print`` (which would run while tracing and never again).
+  branching on a tensor's value (``if t.item() > 0:``, ``int(t.item())``, ``if t:``), ops with
+  value-dependent output shapes (``nonzero``), and ``print`` (which would run while tracing and
+  never again). A value read and only used as a size or in arithmetic (``.tolist()`` split
+  sizes) is an unbacked symbol, as under Dynamo with ``capture_scalar_outputs``: the trace runs
+  in a fake mode with a shape environment (``_compat.static_fake_inputs``).
 * The forward and backward graphs the second compilation retraces have every ``aten.view``
   replaced by ``aten.reshape`` (:func:`reshape_views`): a ``view`` the first trace recorded is
   valid for the strides eager kernels produce, but the retrace runs under Inductor's
@@ -197,6 +200,10 @@ def translate_trace_error(exc: BaseException, *, where: str) -> PrecompileError 
 _OP_HINTS = {
     "aten._local_scalar_dense.default": (
         " (Tensor.item(), .tolist(), int()/float()/bool() of a tensor, or `if tensor:`)"
+    ),
+    "GuardOnDataDependentSymNode": (
+        " (a Python decision on a value read from a tensor: `if t.item() > 0:`, `int(t.item())`,"
+        " a size compared with a read value)"
     ),
     "aten.nonzero.default": " (nonzero, boolean-mask indexing, torch.where with one argument)",
 }

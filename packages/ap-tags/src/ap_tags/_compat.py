@@ -5,7 +5,9 @@ See :mod:`ap_tags.torch_support` for the convention all ap packages follow.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -104,3 +106,40 @@ def symint_hint(value: torch.SymInt) -> int | None:
         return None
     hint = SUPPORT.attr("torch.fx.experimental.symbolic_shapes", "optimization_hint")
     return int(hint(value))
+
+
+@contextlib.contextmanager
+def _scalar_outputs_allowed(fake_mode: Any) -> Iterator[None]:
+    old = fake_mode.allow_scalar_outputs
+    fake_mode.allow_scalar_outputs = True
+    try:
+        yield
+    finally:
+        fake_mode.allow_scalar_outputs = old
+
+
+def replay_scope(args: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
+    """The scope in which a recorded graph is re-executed on fake tensors (a later trace
+    running the first compilation's forward/backward graphs).
+
+    * Its data-dependent reads (``_local_scalar_dense``: ``.tolist()`` split sizes) are allowed
+      to produce unbacked symbols, as they did when the graph was recorded, whether or not the
+      tracer that runs it (Dynamo) was configured with ``capture_scalar_outputs``: the graph
+      was already accepted with them, and the user wrote no new read.
+    * Where the graph runs as one opaque call (no ``make_fx`` proxy mode on the stack: Dynamo
+      running a ``nonstrict_trace``'d function for its example outputs) the symbols those reads
+      create are internal to the call and never reach its outputs, so the run ignores them as
+      AOTAutograd's own metadata pass does (``ShapeEnv.ignore_fresh_unbacked_symbols``);
+      otherwise the caller fails with "pending unbacked symbols not in returned outputs".
+      Under a proxy mode each op is recorded and binds its own symbols.
+    """
+    # the tracer's fake mode (its TracingContext's, else the one active or under the args)
+    fake_mode = SUPPORT.attr("torch._guards", "detect_fake_mode")(list(args))
+    if fake_mode is None or fake_mode.shape_env is None:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(_scalar_outputs_allowed(fake_mode))
+    proxy_tensor: Any = SUPPORT.attrs("torch.fx.experimental.proxy_tensor", ("get_proxy_mode",))
+    if proxy_tensor.get_proxy_mode() is None:
+        stack.enter_context(fake_mode.shape_env.ignore_fresh_unbacked_symbols())
+    return stack

@@ -23,7 +23,7 @@ from typing import Any
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
-from ._compat import require_fx_traceback
+from ._compat import replay_scope, require_fx_traceback
 from ._recomputed import release_recomputed_saves
 from ._saved import SavedOutputsReport, check_num_fwd_outputs, tag_saved_outputs
 from .checks import require_bool, require_graph_module
@@ -43,7 +43,7 @@ class InterpretedGraph:
         self.saved_report = saved_report
 
     def __call__(self, args: list[Any]) -> Any:
-        with fx_traceback.preserve_node_meta():
+        with fx_traceback.preserve_node_meta(), replay_scope(args):
             return torch.fx.Interpreter(self.gm).boxed_run(args)
 
 
