@@ -162,6 +162,15 @@ def fsdp_reduce_scatter_wait_predicate() -> Any:
     return attr(FSDP_MODULE, "is_fsdp_reduce_scatter_wait")
 
 
+def all_reduce_bucketing() -> tuple[Any, Any, Any]:
+    """torch's all-reduce bucketing pieces ``(is_all_reduce_tensor, _ar_group_key,
+    merge_all_reduce_bucket)``: the filter and key its ``bucket_all_reduce_by_mb`` hands the
+    greedy bucketer, and the merge its FSDP all-reduce bucketing applies to each bucket."""
+    names = ("is_all_reduce_tensor", "_ar_group_key", "merge_all_reduce_bucket")
+    is_all_reduce, group_key, merge = (attr(BUCKETING_MODULE, n) for n in names)
+    return is_all_reduce, group_key, merge
+
+
 def is_compute_node_predicate() -> Any:
     """``overlap_scheduling.is_compute_node``: an op with a flop formula."""
     return attr(OVERLAP_MODULE, "is_compute_node")

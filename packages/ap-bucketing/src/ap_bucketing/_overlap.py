@@ -31,6 +31,7 @@ from ._config import BucketingConfig, resolve_config
 from ._metrics import max_consec_compute_between_rs
 from ._out_writes import out_write_edges, restore_out_write_order
 from ._patching import patched
+from ._replicate import bucket_gradient_all_reduces, fsdp_groups_for
 from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
 
@@ -158,16 +159,19 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         _check_sizable(graph)  # refuse before torch's passes start mutating the graph
         before = max_consec_compute_between_rs(graph)
         counts_before = collective_counts(graph)
-        moved = 0
+        moved = replicate_merged = 0
         with patched(self.config), cpu_overlap_estimators(self.cpu):
             kwargs = self.schedule_kwargs()
             pre_bucket = _compat.pre_bucket_fsdp_collectives()
             if kwargs.pop("pre_bucketing_fsdp_collectives"):
+                fsdp_groups = fsdp_groups_for(gm, self.config)  # before merging changes counts
                 pre_bucket(
                     gm,
                     bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
                     mode=kwargs["bucket_mode"],
                 )
+                # torch buckets all-reduces of the FSDP groups only: HSDP's replicate group
+                replicate_merged = bucket_gradient_all_reduces(gm, fsdp_groups, self.config)
             # both reorderings below see data edges only; a "custom_ops" bucket's members are
             # filled by an out= copy that their readers have no edge to (_out_writes.py)
             edges = out_write_edges(graph)
@@ -187,6 +191,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             {
                 "max_consec_compute_between_rs": (before, after),
                 "out_write_reorders": moved,
+                "replicate_all_reduces_merged": replicate_merged,
                 "collectives": counts,
             }
         )
