@@ -234,6 +234,20 @@ def stable_topological_sort(graph: torch.fx.Graph) -> None:
     attr("torch._inductor.pattern_matcher", "stable_topological_sort")(graph)
 
 
+def reset_graph_namespace(graph: torch.fx.Graph) -> None:
+    """Give ``graph`` a fresh name table (``Graph._graph_namespace``), so nodes copied back
+    into an emptied graph keep their names instead of getting ``_1`` suffixes."""
+    namespace: Any = getattr(graph, "_graph_namespace", _ABSENT)
+    if namespace is _ABSENT:
+        raise missing("torch.fx.Graph._graph_namespace")
+    setattr(graph, "_graph_namespace", type(namespace)())  # noqa: B010 (a private attribute)
+
+
+#: What torch's bucketing raises when a merged bucket's region cannot be reordered
+#: (``graph_deduplication._stable_topological_sort_region``, torchtitan#4047).
+REGION_SORT_FAILURE = "stable topological sort of region failed"
+
+
 def symint_hint(value: torch.SymInt) -> int | None:
     """A concrete int for a SymInt from hints only, or ``None`` when a symbol has none.
 

@@ -32,6 +32,7 @@ from ._metrics import max_consec_compute_between_rs
 from ._out_writes import out_write_edges, restore_out_write_order
 from ._patching import patched
 from ._replicate import bucket_gradient_all_reduces, fsdp_groups_for
+from ._rollback import checkpoint, restore, unsortable_nodes
 from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
 
@@ -159,7 +160,50 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         _check_sizable(graph)  # refuse before torch's passes start mutating the graph
         before = max_consec_compute_between_rs(graph)
         counts_before = collective_counts(graph)
-        moved = replicate_merged = 0
+        saved = checkpoint(graph)
+        skipped: str | None = None
+        try:
+            moved, replicate_merged = self._bucket_and_schedule(gm)
+        except AssertionError as exc:
+            if _compat.REGION_SORT_FAILURE not in str(exc):
+                raise
+            stuck = [n.name for n in unsortable_nodes(graph) if n.op != "output"]
+            restore(graph, saved)
+            moved = replicate_merged = 0
+            where = f"a cycle through {', '.join(stuck[:4])}" if stuck else "no cycle left"
+            skipped = (
+                f"torch's bucketing could not reorder a merged bucket's region ({exc}; "
+                f"torchtitan#4047; {where}): graph left unbucketed"
+            )
+            log.warning("%s: %s", _PASS, skipped)
+        after = max_consec_compute_between_rs(graph)
+        counts_after = collective_counts(graph)
+        counts = {kind: (count, counts_after[kind]) for kind, count in counts_before.items()}
+        self.reports.append(
+            {
+                "max_consec_compute_between_rs": (before, after),
+                "out_write_reorders": moved,
+                "replicate_all_reduces_merged": replicate_merged,
+                "skipped": skipped,
+                "collectives": counts,
+            }
+        )
+        log.info(
+            "OverlapBucketingPass: %s; max_consec_compute_between_rs %d -> %d (reorder=%s, "
+            "cpu=%s, nodes moved back after out= writes: %d)",
+            ", ".join(f"{kind} {b} -> {a}" for kind, (b, a) in counts.items()),
+            before,
+            after,
+            self.reorder,
+            self.cpu,
+            moved,
+        )
+
+    def _bucket_and_schedule(self, gm: fx.GraphModule) -> tuple[int, int]:
+        """Torch's FSDP pre-bucketing (+ replicate all-reduces), then scheduling or a sort;
+        ``(nodes moved back after out= writes, replicate all-reduces merged)``."""
+        graph = gm.graph
+        replicate_merged = 0
         with patched(self.config), cpu_overlap_estimators(self.cpu):
             kwargs = self.schedule_kwargs()
             pre_bucket = _compat.pre_bucket_fsdp_collectives()
@@ -184,27 +228,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 # the scheduler would reorder them, so without it sort here.
                 _compat.stable_topological_sort(graph)
             moved = restore_out_write_order(graph, edges)
-        after = max_consec_compute_between_rs(graph)
-        counts_after = collective_counts(graph)
-        counts = {kind: (count, counts_after[kind]) for kind, count in counts_before.items()}
-        self.reports.append(
-            {
-                "max_consec_compute_between_rs": (before, after),
-                "out_write_reorders": moved,
-                "replicate_all_reduces_merged": replicate_merged,
-                "collectives": counts,
-            }
-        )
-        log.info(
-            "OverlapBucketingPass: %s; max_consec_compute_between_rs %d -> %d (reorder=%s, "
-            "cpu=%s, nodes moved back after out= writes: %d)",
-            ", ".join(f"{kind} {b} -> {a}" for kind, (b, a) in counts.items()),
-            before,
-            after,
-            self.reorder,
-            self.cpu,
-            moved,
-        )
+        return moved, replicate_merged
 
     def uuid(self) -> str:
         """Changes whenever the config, the pass options or this package's code change."""
