@@ -55,7 +55,7 @@ def single_rank_gloo(subgroups: int = 1) -> Iterator[tuple[str, ...]]:
             names = [world.group_name]
             for _ in range(subgroups):
                 group = dist.new_group([0])
-                assert group is not None
+                assert isinstance(group, dist.ProcessGroup)
                 names.append(group.group_name)
             yield tuple(names)
         finally:
