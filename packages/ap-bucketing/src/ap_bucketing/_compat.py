@@ -162,6 +162,15 @@ def fsdp_reduce_scatter_wait_predicate() -> Any:
     return attr(FSDP_MODULE, "is_fsdp_reduce_scatter_wait")
 
 
+def all_reduce_bucketing() -> tuple[Any, Any, Any]:
+    """torch's all-reduce bucketing pieces ``(is_all_reduce_tensor, _ar_group_key,
+    merge_all_reduce_bucket)``: the filter and key its ``bucket_all_reduce_by_mb`` hands the
+    greedy bucketer, and the merge its FSDP all-reduce bucketing applies to each bucket."""
+    names = ("is_all_reduce_tensor", "_ar_group_key", "merge_all_reduce_bucket")
+    is_all_reduce, group_key, merge = (attr(BUCKETING_MODULE, n) for n in names)
+    return is_all_reduce, group_key, merge
+
+
 def is_compute_node_predicate() -> Any:
     """``overlap_scheduling.is_compute_node``: an op with a flop formula."""
     return attr(OVERLAP_MODULE, "is_compute_node")
@@ -223,6 +232,20 @@ def ordered_set(items: Iterable[T] = ()) -> OrderedSet[T]:
 def stable_topological_sort(graph: torch.fx.Graph) -> None:
     """Inductor's in-place topological sort that keeps already-valid orders unchanged."""
     attr("torch._inductor.pattern_matcher", "stable_topological_sort")(graph)
+
+
+def reset_graph_namespace(graph: torch.fx.Graph) -> None:
+    """Give ``graph`` a fresh name table (``Graph._graph_namespace``), so nodes copied back
+    into an emptied graph keep their names instead of getting ``_1`` suffixes."""
+    namespace: Any = getattr(graph, "_graph_namespace", _ABSENT)
+    if namespace is _ABSENT:
+        raise missing("torch.fx.Graph._graph_namespace")
+    setattr(graph, "_graph_namespace", type(namespace)())  # noqa: B010 (a private attribute)
+
+
+#: What torch's bucketing raises when a merged bucket's region cannot be reordered
+#: (``graph_deduplication._stable_topological_sort_region``, torchtitan#4047).
+REGION_SORT_FAILURE = "stable topological sort of region failed"
 
 
 def symint_hint(value: torch.SymInt) -> int | None:

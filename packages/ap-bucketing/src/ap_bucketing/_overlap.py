@@ -31,6 +31,8 @@ from ._config import BucketingConfig, resolve_config
 from ._metrics import max_consec_compute_between_rs
 from ._out_writes import out_write_edges, restore_out_write_order
 from ._patching import patched
+from ._replicate import bucket_gradient_all_reduces, fsdp_groups_for
+from ._rollback import checkpoint, restore, unsortable_nodes
 from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
 
@@ -158,28 +160,22 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         _check_sizable(graph)  # refuse before torch's passes start mutating the graph
         before = max_consec_compute_between_rs(graph)
         counts_before = collective_counts(graph)
-        moved = 0
-        with patched(self.config), cpu_overlap_estimators(self.cpu):
-            kwargs = self.schedule_kwargs()
-            pre_bucket = _compat.pre_bucket_fsdp_collectives()
-            if kwargs.pop("pre_bucketing_fsdp_collectives"):
-                pre_bucket(
-                    gm,
-                    bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
-                    mode=kwargs["bucket_mode"],
-                )
-            # both reorderings below see data edges only; a "custom_ops" bucket's members are
-            # filled by an out= copy that their readers have no edge to (_out_writes.py)
-            edges = out_write_edges(graph)
-            if self.reorder:
-                _compat.schedule_overlap_bucketing()(
-                    gm, pre_bucketing_fsdp_collectives=False, **kwargs
-                )
-            else:
-                # Merging leaves consumers of early members ahead of the merged collective;
-                # the scheduler would reorder them, so without it sort here.
-                _compat.stable_topological_sort(graph)
-            moved = restore_out_write_order(graph, edges)
+        saved = checkpoint(graph)
+        skipped: str | None = None
+        try:
+            moved, replicate_merged = self._bucket_and_schedule(gm)
+        except AssertionError as exc:
+            if _compat.REGION_SORT_FAILURE not in str(exc):
+                raise
+            stuck = [n.name for n in unsortable_nodes(graph) if n.op != "output"]
+            restore(graph, saved)
+            moved = replicate_merged = 0
+            where = f"a cycle through {', '.join(stuck[:4])}" if stuck else "no cycle left"
+            skipped = (
+                f"torch's bucketing could not reorder a merged bucket's region ({exc}; "
+                f"torchtitan#4047; {where}): graph left unbucketed"
+            )
+            log.warning("%s: %s", _PASS, skipped)
         after = max_consec_compute_between_rs(graph)
         counts_after = collective_counts(graph)
         counts = {kind: (count, counts_after[kind]) for kind, count in counts_before.items()}
@@ -187,6 +183,8 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             {
                 "max_consec_compute_between_rs": (before, after),
                 "out_write_reorders": moved,
+                "replicate_all_reduces_merged": replicate_merged,
+                "skipped": skipped,
                 "collectives": counts,
             }
         )
@@ -200,6 +198,37 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             self.cpu,
             moved,
         )
+
+    def _bucket_and_schedule(self, gm: fx.GraphModule) -> tuple[int, int]:
+        """Torch's FSDP pre-bucketing (+ replicate all-reduces), then scheduling or a sort;
+        ``(nodes moved back after out= writes, replicate all-reduces merged)``."""
+        graph = gm.graph
+        replicate_merged = 0
+        with patched(self.config), cpu_overlap_estimators(self.cpu):
+            kwargs = self.schedule_kwargs()
+            pre_bucket = _compat.pre_bucket_fsdp_collectives()
+            if kwargs.pop("pre_bucketing_fsdp_collectives"):
+                fsdp_groups = fsdp_groups_for(gm, self.config)  # before merging changes counts
+                pre_bucket(
+                    gm,
+                    bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
+                    mode=kwargs["bucket_mode"],
+                )
+                # torch buckets all-reduces of the FSDP groups only: HSDP's replicate group
+                replicate_merged = bucket_gradient_all_reduces(gm, fsdp_groups, self.config)
+            # both reorderings below see data edges only; a "custom_ops" bucket's members are
+            # filled by an out= copy that their readers have no edge to (_out_writes.py)
+            edges = out_write_edges(graph)
+            if self.reorder:
+                _compat.schedule_overlap_bucketing()(
+                    gm, pre_bucketing_fsdp_collectives=False, **kwargs
+                )
+            else:
+                # Merging leaves consumers of early members ahead of the merged collective;
+                # the scheduler would reorder them, so without it sort here.
+                _compat.stable_topological_sort(graph)
+            moved = restore_out_write_order(graph, edges)
+        return moved, replicate_merged
 
     def uuid(self) -> str:
         """Changes whenever the config, the pass options or this package's code change."""

@@ -194,6 +194,43 @@ def backward_like_graph(
     return gm
 
 
+def hsdp_backward_graph(
+    layers: int,
+    shard_group: str,
+    replicate_group: str,
+    *,
+    group_size: int = 1,
+    dim: int = 16,
+    tokens: int = 16,
+    activation_all_reduce: bool = True,
+) -> fx.GraphModule:
+    """An HSDP backward: per layer (last to first) all-gather the weight shard on
+    ``shard_group``, two matmuls, reduce-scatter the weight gradient on ``shard_group`` and
+    all-reduce that shard on ``replicate_group`` straight to the output.
+    ``activation_all_reduce`` adds one all-reduce on ``replicate_group`` that is not a gradient
+    (its result feeds the next layer's matmul). ``group_size`` is the shard group's size;
+    with 1 (and both names registered on one rank) the graph runs on real data."""
+    b = GraphBuilder(dtype=torch.float32)
+    grad = b.placeholder((tokens, dim))
+    acts = [b.placeholder((tokens, dim)) for _ in range(layers)]
+    shards = [b.placeholder((dim // group_size, dim)) for _ in range(layers)]
+    outputs: list[fx.Node] = []
+    for layer in reversed(range(layers)):
+        _, weight = b.all_gather(shards[layer], group=shard_group, group_size=group_size)
+        grad_in = b.mm(grad, weight)
+        grad_t = b.call(aten.t.default, (grad,), (dim, tokens))
+        grad_w = b.mm(grad_t, acts[layer])
+        _, shard = b.reduce_scatter(grad_w, group=shard_group, group_size=group_size)
+        _, reduced = b.all_reduce(shard, group=replicate_group)
+        outputs.append(reduced)
+        if activation_all_reduce and layer == layers - 1:
+            _, grad_in = b.all_reduce(grad_in, group=replicate_group)
+        grad = b.relu(grad_in)
+    gm = b.module([*outputs, grad])
+    fakeify(gm)
+    return gm
+
+
 # --------------------------------------------------------------------------- random graphs
 
 ROWS = 8

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-__all__ = ["FAKE_WORLD_SIZE", "fake_world", "gather_autograd"]
+__all__ = ["FAKE_WORLD_SIZE", "fake_world", "gather_autograd", "single_rank_gloo"]
 
 #: World size of the fake process group (8: FSDP shards of 1/8, as on a node of 8 GPUs).
 FAKE_WORLD_SIZE = 8
@@ -38,6 +38,29 @@ def fake_world(world_size: int = FAKE_WORLD_SIZE) -> Iterator[str]:
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def single_rank_gloo(subgroups: int = 1) -> Iterator[tuple[str, ...]]:
+    """A one-rank gloo world for the block; yields the names of WORLD and of ``subgroups``
+    more groups on rank 0. Every collective then runs on real data (an identity at world size
+    1), so a graph naming these groups can be executed and compared before and after a pass."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp}/store")
+        try:
+            world = dist.group.WORLD
+            assert world is not None
+            names = [world.group_name]
+            for _ in range(subgroups):
+                group = dist.new_group([0])
+                assert isinstance(group, dist.ProcessGroup)
+                names.append(group.group_name)
+            yield tuple(names)
+        finally:
+            dist.destroy_process_group()
+            torch._dynamo.reset()
 
 
 def gather_autograd(weight: torch.Tensor, group: str | None = None) -> torch.Tensor:

@@ -1,0 +1,92 @@
+"""Gradient all-reduces on a group torch's FSDP pre-bucketing leaves alone (HSDP's replicate
+group).
+
+Torch's FSDP pre-bucketing picks all-gathers and reduce-scatters by structure, but all-reduces
+by group: ``bucket_fsdp_all_reduce`` buckets only all-reduces whose group is one of the FSDP
+groups ``identify_fsdp_groups`` returned. Under ``primary_group_only`` that is the shard group,
+so HSDP's gradient all-reduces over the replicate group -- one per parameter, each reducing a
+reduce-scattered shard on its way to the output -- stay one collective each.
+
+Here those all-reduces are bucketed by structure instead: an all-reduce on any other group whose
+wait flows to the graph's outputs through single-input ops only (torch's
+``is_fsdp_reduce_scatter_wait``, the rule that makes a reduce-scatter an FSDP gradient) goes
+through ``bucket_collectives`` under the same config (key-grouped by torch's ``_ar_group_key``,
+byte and topo-span bounded, never a member that depends on another) and torch's
+``merge_all_reduce_bucket``. Other all-reduces on those groups (an activation's, a loss's)
+are never touched. The cap is ``config.bucket_cap_mb``, else 500 MiB: torch's own cap when it
+knows no group size, and an all-reduce names none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+
+import torch.fx as fx
+
+from . import _compat
+from ._config import BucketingConfig
+from ._greedy import bucket_collectives
+from ._groups import all_fsdp_groups, primary_fsdp_groups
+
+log = logging.getLogger(__name__)
+
+#: torch's pre-bucketing cap when no group size is known (``pre_bucket_fsdp_collectives``).
+FALLBACK_CAP_MB = 500.0
+
+
+def fsdp_groups_for(gm: fx.GraphModule, config: BucketingConfig) -> set[Hashable]:
+    """The groups torch's FSDP all-reduce bucketing will handle under ``config`` (what the
+    patched ``identify_fsdp_groups`` returns). Read it before pre-bucketing: merging changes
+    the counts that pick the primary group."""
+    groups = primary_fsdp_groups(gm) if config.primary_group_only else all_fsdp_groups(gm)
+    return set(groups[0])
+
+
+def bucket_gradient_all_reduces(
+    gm: fx.GraphModule, fsdp_groups: set[Hashable], config: BucketingConfig
+) -> int:
+    """Bucket and merge the gradient all-reduces of ``gm`` whose group is not in
+    ``fsdp_groups``; returns how many all-reduces were merged away (0: graph untouched)."""
+    is_all_reduce, group_key, merge = _compat.all_reduce_bucketing()
+    _, get_group_name, _ = _compat.fsdp_all_gather_helpers()
+    is_gradient_wait = _compat.fsdp_reduce_scatter_wait_predicate()
+    (all_reduce,) = _compat.c10d_ops("all_reduce")
+    others = [
+        n
+        for n in gm.graph.find_nodes(op="call_function", target=all_reduce)
+        if get_group_name(n) not in fsdp_groups
+    ]
+    if len(others) < 2:
+        return 0
+
+    def is_replicate_gradient_wait(wait: fx.Node) -> bool:
+        coll = wait.args[0]
+        return (
+            isinstance(coll, fx.Node)
+            and get_group_name(coll) not in fsdp_groups
+            and bool(is_gradient_wait(wait))
+        )
+
+    cap = config.bucket_cap_mb if config.bucket_cap_mb is not None else FALLBACK_CAP_MB
+    buckets = bucket_collectives(
+        gm,
+        lambda _index: cap,
+        is_all_reduce,
+        group_key,
+        is_replicate_gradient_wait,
+        config=config,
+    )
+    if not buckets:
+        return 0
+    log.info(
+        "ap_bucketing: merging %d gradient all-reduces outside the FSDP groups %s into %d "
+        "buckets (%s)",
+        sum(len(b) for b in buckets),
+        sorted(map(str, fsdp_groups)),
+        len(buckets),
+        "; ".join(",".join(n.name for n in b) for b in buckets),
+    )
+    for bucket in buckets:
+        merge(gm.graph, bucket)
+    return sum(len(b) - 1 for b in buckets)
