@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from zoo.ep import EpResult, run_ep_case
+from zoo.ep import EpResult, run_ep_case, run_real_ep
 from zoo.fsdp import FsdpTrainStep, shard_rows
 from zoo.models import BF16, FAST, MODELS
 from zoo.report import render
@@ -191,6 +191,26 @@ def test_moe_chunks_through_the_backend(
     assert res.loss_rel_eager_chunked is not None and res.loss_rel_eager_chunked <= FP32_RTOL
     assert res.grad_rel_eager is not None and res.grad_rel_eager <= grad_tol
     assert res.grad_rel_eager_chunked is not None and res.grad_rel_eager_chunked <= grad_tol
+
+
+# --------------------------------------------------------------------------- real EP (zoo.ep)
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_real_expert_parallelism_through_precompile_and_the_backend() -> None:
+    """torchtitan's Qwen3-MoE with its experts sharded over 2 gloo ranks (AllToAllTokenDispatcher:
+    a token-count exchange whose ``.tolist()`` sizes the dispatch and combine exchanges):
+    ``precompile`` + the backend make one graph with every exchange in it, and train like
+    eager EP. Before ``precompile`` traced with a shape environment it refused the split sizes'
+    ``.tolist()`` (``PrecompileError``)."""
+    (res,) = run_real_ep([("tt_qwen3_moe_ep", 1, "default")], port=29641)
+    assert res.error is None, res.error
+    assert (res.graphs, res.graph_breaks) == (1, 0)
+    # per MoE layer: counts + dispatch + combine forward, their two transposes backward
+    assert (res.all_to_all_fw, res.all_to_all_bw) == (3 * res.moe_layers, 2 * res.moe_layers)
+    assert res.loss_rel_eager is not None and res.loss_rel_eager <= FP32_RTOL
+    assert res.grad_rel_eager is not None and res.grad_rel_eager <= 1e-4
 
 
 # --------------------------------------------------------------------------- the zoo itself

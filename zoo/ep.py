@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -133,13 +134,217 @@ def run_ep_case(model: str, num_chunks: int, steps: int = 2) -> EpResult:
     return res
 
 
+# ----------------------------------------------------------------------------------------------
+# real expert parallelism (the default of ``python -m zoo.ep``)
+
+REAL_EP_MODELS = ("tt_qwen3_moe_ep", "tt_deepseek_v3_ep")
+REAL_EP_CONFIGS = ("default", "full")
+REAL_EP_WORLD = 2
+
+
+@dataclass
+class RealEpResult:
+    """One real-EP case, worst rank kept (see :func:`_merge_ranks`)."""
+
+    model: str
+    num_chunks: int
+    config: str
+    world: int = REAL_EP_WORLD
+    moe_layers: int = 0
+    #: all_to_all_single in the partitioned forward / backward graphs handed to Inductor
+    all_to_all_fw: int | None = None
+    all_to_all_bw: int | None = None
+    graphs: int | None = None
+    graph_breaks: int | None = None
+    loss_rel_eager: float | None = None
+    grad_rel_eager: float | None = None
+    stock_loss_rel: float | None = None
+    stock_grad_rel: float | None = None
+    loss_rel_eager_chunked: float | None = None
+    grad_rel_eager_chunked: float | None = None
+    compile_s: float | None = None
+    regions_chunked: int = 0
+    error: str | None = None
+
+
+def _error_line(exc: BaseException) -> str:
+    """The exception's first line, or for a wrapper whose first line says nothing (Dynamo's
+    ``BackendCompilerFailed: backend=... raised:``) the wrapped error's."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].rstrip().endswith("raised:"):
+        return f"{type(exc).__name__}: {lines[1]}"[:400]
+    return _first_line(exc)
+
+
+def _moe_layers(model: nn.Module) -> int:
+    return sum(1 for name, _ in model.named_modules() if name.endswith(".moe"))
+
+
+def _count_a2a(backend: Any, backward: bool) -> int:
+    return sum(
+        c["collectives"].get("all_to_all_single", 0)
+        for c in backend.inner_compiles
+        if c["is_backward"] == backward
+    )
+
+
+def run_real_ep_case(model: str, num_chunks: int, config: str, steps: int = 2) -> RealEpResult:
+    """One case on this rank of an initialised ``REAL_EP_WORLD``-rank group: the model with its
+    experts sharded over the ranks (``zoo.models.expert_parallel``), eager EP as the
+    reference, stock ``torch.compile`` of the same step for its gap, then ``precompile`` + the
+    backend in ``config`` (chunked into ``num_chunks`` when > 1). Never raises for a model or
+    backend failure (``error``)."""
+    import torch.distributed as dist
+    from ap_backend import autoparallel_backend, precompile
+    from ap_epchunk import ChunkConfig, mark_chunk_dim
+    from ap_tags import annotate_module_fqns
+
+    from zoo.models.expert_parallel import EP_MODELS as BUILDERS
+    from zoo.models.expert_parallel import cpu_expert_parallel
+    from zoo.run import AP_CONFIGS, _rank_batches
+
+    res = RealEpResult(model, num_chunks, config, world=dist.get_world_size())
+    stage = "build"
+    torch._dynamo.reset()
+    try:
+        cpu_expert_parallel()
+        zm = BUILDERS[model](steps)
+        zm.batches = list(token_batches(steps, batch=EP_BATCH))
+        res.moe_layers = _moe_layers(zm.module)
+        batches = _rank_batches(zm, dist.get_rank())
+        step = _sharded_step(zm)
+        params = _shard_params(step)
+        state = _State(step)
+        stage = "eager EP"
+        ref_losses, ref_grads = _train(step, params, batches)
+        state.restore()
+        stage = "stock torch.compile"
+        # torchtitan's setting for EP: the split sizes' .tolist() as unbacked symbols
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            stock_losses, stock_grads = _train(torch.compile(step), params, batches)
+        res.stock_loss_rel = _loss_rel(stock_losses, ref_losses)
+        res.stock_grad_rel = _grads_rel(stock_grads, ref_grads)[0]
+        state.restore()
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        stage = "precompile"
+        if num_chunks > 1:
+            for t in batches[0]:
+                mark_chunk_dim(t, 0, hint=None)
+        with annotate_module_fqns(zm.module):
+            pm = precompile(step, batches[0])
+        state.restore()
+        chunk = ChunkConfig((PATTERN,), num_chunks=num_chunks) if num_chunks > 1 else None
+        backend = autoparallel_backend(ep_chunk=chunk, **AP_CONFIGS[config])
+        stage = f"backend ({config}, N={num_chunks})"
+        start = time.perf_counter()
+        losses, grads = _train(torch.compile(pm, backend=backend), params, batches)
+        res.compile_s = time.perf_counter() - start
+        counters = torch._dynamo.utils.counters
+        res.graphs = int(counters["stats"]["unique_graphs"])
+        res.graph_breaks = sum(counters["graph_break"].values())
+        res.all_to_all_fw = _count_a2a(backend, backward=False)
+        res.all_to_all_bw = _count_a2a(backend, backward=True)
+        if backend.chunk_reports:
+            res.regions_chunked = len(backend.chunk_reports[-1].regions)
+        res.loss_rel_eager = _loss_rel(losses, ref_losses)
+        res.grad_rel_eager = _grads_rel(grads, ref_grads)[0]
+    except Exception as exc:  # noqa: BLE001 - recorded, like every zoo case
+        res.error = f"{stage}: {_error_line(exc)}"
+    finally:
+        torch._dynamo.reset()
+    return res
+
+
+def _merge_ranks(results: list[RealEpResult]) -> RealEpResult:
+    """One row per case: the first error, else each error measure's worst rank."""
+    merged = dataclasses.replace(results[0])
+    for other in results[1:]:
+        if merged.error is None and other.error is not None:
+            merged.error = other.error
+        for f in dataclasses.fields(RealEpResult):
+            if f.name.endswith("_rel") or "_rel_" in f.name:
+                a, b = getattr(merged, f.name), getattr(other, f.name)
+                if b is not None and (a is None or b > a):
+                    setattr(merged, f.name, b)
+    return merged
+
+
+def _real_ep_rank(
+    rank: int, world: int, port: int, cases: list[tuple[str, int, str]], out: str
+) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rows = [dataclasses.asdict(run_real_ep_case(m, n, c)) for m, n, c in cases]
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(rows, f)
+
+
+def run_real_ep(
+    cases: list[tuple[str, int, str]], *, world: int = REAL_EP_WORLD, port: int = 29630
+) -> list[RealEpResult]:
+    """Spawn ``world`` gloo ranks on 127.0.0.1, run ``cases`` (model, chunks, config) on each,
+    and merge the ranks' results."""
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    # the spawned ranks unpickle zoo.ep._real_ep_rank: they take this process's sys.path
+    # (multiprocessing's spawn preparation), which under pytest's importlib mode lacks the root
+    root = str(Path(__file__).resolve().parent.parent)
+    added = root not in sys.path
+    if added:
+        sys.path.insert(0, root)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = f"{tmp}/rows"
+            mp.spawn(_real_ep_rank, args=(world, port, cases, out), nprocs=world)  # type: ignore[attr-defined,no-untyped-call]
+            per_rank = _read_ranks(out, world)
+    finally:
+        if added:
+            sys.path.remove(root)
+    return [_merge_ranks(list(rows)) for rows in zip(*per_rank, strict=True)]
+
+
+def _read_ranks(out: str, world: int) -> list[list[RealEpResult]]:
+    per_rank = []
+    for rank in range(world):
+        with open(f"{out}.{rank}") as f:
+            per_rank.append([RealEpResult(**row) for row in json.load(f)])
+    return per_rank
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     parser = argparse.ArgumentParser(prog="python -m zoo.ep", description=__doc__)
     parser.add_argument("--models", default=",".join(EP_MODELS))
-    parser.add_argument("--chunks", default="2,4", help="1: the unchunked backend")
+    parser.add_argument("--chunks", default="1,2,4", help="1: the unchunked backend")
+    parser.add_argument("--configs", default=",".join(REAL_EP_CONFIGS))
+    parser.add_argument(
+        "--local-experts",
+        action="store_true",
+        help="the MoE models without EP (every expert on the one rank), as before real EP",
+    )
     args = parser.parse_args(argv)
+    if not args.local_experts:
+        models = args.models if args.models != ",".join(EP_MODELS) else ",".join(REAL_EP_MODELS)
+        cases = [
+            (m, int(n), c)
+            for m in models.split(",")
+            for n in args.chunks.split(",")
+            for c in args.configs.split(",")
+        ]
+        for row in run_real_ep(cases):
+            print(json.dumps(dataclasses.asdict(row)), flush=True)
+        return 0
     with tempfile.NamedTemporaryFile() as f:
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(f.name, 1))  # type: ignore[attr-defined]
         try:

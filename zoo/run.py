@@ -34,6 +34,7 @@ import torch
 import torch._dynamo
 from ap_bucketing import BucketingConfig
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from zoo.fsdp import FsdpTrainStep
 from zoo.models import MODELS, ZooModel
@@ -253,7 +254,10 @@ def _train(
         with torch.no_grad():
             for name, p in params:
                 if p.grad is not None:
-                    step_grads[name] = p.grad.detach().clone()
+                    grad = p.grad.detach()
+                    # an expert-parallel DTensor: compare this rank's experts
+                    grad = grad.to_local() if isinstance(grad, DTensor) else grad
+                    step_grads[name] = grad.clone()
                     p.sub_(LR * p.grad)
                     p.grad = None
         grads.append(step_grads)

@@ -13,13 +13,22 @@ every builder makes, both recommended in ``/work/shared/reference/real_models.md
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from zoo.models._base import SEQ, VOCAB, ZooModel, cross_entropy_logits, token_batches
 
-__all__ = ["deepseek_v3", "llama3", "llama3_8b", "qwen3", "qwen3_moe"]
+__all__ = [
+    "deepseek_v3",
+    "deepseek_v3_config",
+    "llama3",
+    "llama3_8b",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_moe_config",
+]
 
 LIBRARY = "torchtitan 0.3.0"
 _NOTES = [
@@ -38,12 +47,23 @@ def _cpu_attention(layers: list[Any], seq: int = SEQ) -> None:
 
 
 def _finish(
-    name: str, config: str, cfg: Any, steps: int, *, bf16: bool = False, seq: int = SEQ
+    name: str,
+    config: str,
+    cfg: Any,
+    steps: int,
+    *,
+    bf16: bool = False,
+    seq: int = SEQ,
+    parallelize: Callable[[Any], None] | None = None,
 ) -> ZooModel:
+    """Build ``cfg`` (CPU attention, seed 0, torchtitan's own ``init_states``) as a zoo model;
+    ``parallelize(model)`` runs after the initialisation (same values on every rank)."""
     _cpu_attention(cfg.layers, seq)
     torch.manual_seed(0)
     model = cfg.build()
     model.init_states()
+    if parallelize is not None:
+        parallelize(model)
     model.train()
     return ZooModel(
         name=name,
@@ -141,14 +161,13 @@ def qwen3(steps: int) -> ZooModel:
     )
 
 
-def qwen3_moe(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
-    """Qwen3 ``debugmodel_moe`` shape (softmax top-k router, grouped bf16 experts), 2 layers
-    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
+def qwen3_moe_config(*, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> Any:
+    """The ``tt_qwen3_moe`` config (``Qwen3Model.Config``), not yet built."""
     import torchtitan.models.qwen3 as tt
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
 
     head_dim = 16
-    cfg = tt.Qwen3Model.Config(
+    return tt.Qwen3Model.Config(
         vocab_size=VOCAB,
         dim=dim,
         norm=tt._qwen3_norm(dim),
@@ -171,19 +190,23 @@ def qwen3_moe(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -
             moe_comm_backend="standard",
         ),
     )
+
+
+def qwen3_moe(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
+    """Qwen3 ``debugmodel_moe`` shape (softmax top-k router, grouped bf16 experts), 2 layers
+    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
     return _finish(
         "tt_qwen3_moe",
         f"debugmodel_moe shape: dim {dim}, 8 experts top-2, {n_layers} layers, vocab {VOCAB}",
-        cfg,
+        qwen3_moe_config(n_layers=n_layers, dim=dim, seq=seq),
         steps,
         bf16=True,
         seq=seq,
     )
 
 
-def deepseek_v3(steps: int) -> ZooModel:
-    """DeepSeek-V3 ``debugmodel`` shape: MLA attention, yarn RoPE, one dense layer then one MoE
-    layer (softmax router, shared experts, grouped bf16 experts)."""
+def deepseek_v3_config() -> Any:
+    """The ``tt_deepseek_v3`` config (``DeepSeekV3Model.Config``), not yet built."""
     import torchtitan.models.deepseek_v3 as tt
     from torchtitan.models.common import ComplexRoPE
 
@@ -219,17 +242,22 @@ def deepseek_v3(steps: int) -> ZooModel:
             original_seq_len=4096,
         ),
     )
-    cfg = tt.DeepSeekV3Model.Config(
+    return tt.DeepSeekV3Model.Config(
         vocab_size=VOCAB,
         dim=dim,
         **_ends(tt, dim),
         layers=layers,
     )
+
+
+def deepseek_v3(steps: int) -> ZooModel:
+    """DeepSeek-V3 ``debugmodel`` shape: MLA attention, yarn RoPE, one dense layer then one MoE
+    layer (softmax router, shared experts, grouped bf16 experts)."""
     return _finish(
         "tt_deepseek_v3",
-        f"debugmodel shape: dim {dim}, MLA, 1 dense + 1 MoE layer (8 experts top-3, "
+        "debugmodel shape: dim 64, MLA, 1 dense + 1 MoE layer (8 experts top-3, "
         f"2 shared), vocab {VOCAB}",
-        cfg,
+        deepseek_v3_config(),
         steps,
         bf16=True,
     )

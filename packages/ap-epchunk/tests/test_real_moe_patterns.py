@@ -246,3 +246,28 @@ def test_marks_name_the_matching_placeholders(fake_graph: Any) -> None:
         chunk_inputs_from_marks(CFG, gm.graph, [z, x, y])
     with pytest.raises(ChunkError, match=r"node 'primals_3': marked input 2 \(shape \(8, 4\)\)"):
         chunk_inputs_from_marks(CFG, gm.graph, [w, x, z])
+
+
+def test_marks_follow_the_input_descriptors_past_subclass_placeholders(fake_graph: Any) -> None:
+    """A DTensor parameter is one placeholder per inner tensor, so placeholder ``i`` is not
+    input ``i``; AOTAutograd's descriptors say which placeholder is flat argument ``i``."""
+    from ap_epchunk import chunk_inputs_from_marks, mark_chunk_dim
+    from torch._functorch._aot_autograd.descriptors import (
+        ParamAOTInput,
+        PlainAOTInput,
+        SubclassGetAttrAOTInput,
+    )
+
+    b = fake_graph()
+    param = b.placeholder("primals_1", b.fake(4, 4))
+    inner = b.placeholder("primals_2", b.fake(2, 4))  # a DTensor's local tensor
+    tokens = b.placeholder("primals_3", b.fake(8, 4))
+    gm = b.module()
+    param.meta["desc"] = ParamAOTInput("w")
+    inner.meta["desc"] = SubclassGetAttrAOTInput(PlainAOTInput(0), "_local_tensor")
+    tokens.meta["desc"] = PlainAOTInput(1)
+    x = mark_chunk_dim(torch.zeros(8, 4), 0, hint=None)
+    config = chunk_inputs_from_marks(CFG, gm.graph, [torch.zeros(2, 4), x])
+    assert config.chunk_inputs == ("primals_3",)
+    with pytest.raises(ChunkError, match=r"marked input 0 has no placeholder of its own"):
+        chunk_inputs_from_marks(CFG, gm.graph, [x, torch.zeros(8, 4)])

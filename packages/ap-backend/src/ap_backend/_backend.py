@@ -45,6 +45,21 @@ __all__ = ["AutoParallelBackend", "autoparallel_backend"]
 log = logging.getLogger(__name__)
 
 
+def collective_counts(graph: torch.fx.Graph) -> dict[str, int]:
+    """How many of each functional collective (``_c10d_functional.<name>``, waits excluded)
+    ``graph`` issues, by op name: what a partitioned graph hands Inductor, before its post-grad
+    passes (bucketing) merge any."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        namespace, _, rest = str(node.target).partition(".")
+        name = rest.split(".")[0]
+        if namespace == "_c10d_functional" and name != "wait_tensor":
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 class AutoParallelBackend:
     """The callable returned by :func:`autoparallel_backend`. Besides compiling, it keeps what
     each compile decided, so tests and the demo read results without monkeypatching:
@@ -53,7 +68,9 @@ class AutoParallelBackend:
     * ``partition_reports``: ap-partitioner's reports;
     * ``bucketing_stats``: ap-bucketing's stats, forward and backward;
     * ``chunk_reports``: ap-epchunk's reports (one per chunked joint graph);
-    * ``compile_seconds``: wall time of each backend call (forward + joint partition).
+    * ``compile_seconds``: wall time of each backend call (forward + joint partition);
+    * ``inner_compiles``: per graph handed to Inductor, ``is_backward`` and ``collectives``
+      (:func:`collective_counts` of the partitioned graph).
     """
 
     def __init__(self, options: BackendOptions) -> None:
@@ -122,7 +139,12 @@ class AutoParallelBackend:
         """Wraps Inductor's ``compile_fx_inner`` (looked up at call time) for the forward and
         the lazily compiled backward."""
         opts = self.options
-        self.inner_compiles.append({"is_backward": bool(kwargs.get("is_backward", False))})
+        self.inner_compiles.append(
+            {
+                "is_backward": bool(kwargs.get("is_backward", False)),
+                "collectives": collective_counts(gm.graph),
+            }
+        )
         with contextlib.ExitStack() as stack:
             if opts.overlap_scheduling and opts.bucketing is None:
                 stack.enter_context(ap_bucketing.cpu_overlap_estimators(not has_gpu()))

@@ -15,7 +15,7 @@ import torch
 import torch.fx
 from ap_tags.checks import require_instance, require_int
 
-from ._compat import mark_unbacked_fn
+from ._compat import mark_unbacked_fn, plain_input_index
 from ._config import ChunkConfig
 from ._errors import ChunkError
 
@@ -63,8 +63,11 @@ def chunk_inputs_from_marks(
     config: ChunkConfig, graph: torch.fx.Graph, inputs: Sequence[object]
 ) -> ChunkConfig:
     """``config`` with ``chunk_inputs`` naming the placeholders of ``graph`` whose inputs carry a
-    :func:`mark_chunk_dim` mark, placeholder ``i`` taking ``inputs[i]`` (a joint graph's
-    ``primals`` follow the compiled graph's inputs in order).
+    :func:`mark_chunk_dim` mark. Input ``i`` is the placeholder AOTAutograd describes as flat
+    argument ``i`` (``meta["desc"]``); in a graph without descriptors, placeholder ``i`` (a
+    joint graph's ``primals`` follow the compiled graph's inputs in order, unless a tensor
+    subclass argument -- a DTensor parameter -- expands to several placeholders, which is why
+    the descriptors come first).
 
     This is how ``autoparallel_backend(ep_chunk=...)`` finds the token arguments of a user's
     own model: mark them (``hint=None``: the backend's graphs have static sizes) on the tensors
@@ -75,17 +78,22 @@ def chunk_inputs_from_marks(
     if config.chunk_inputs:
         return config
     placeholders = list(graph.find_nodes(op="placeholder"))
+    by_index = {plain_input_index(p): p for p in placeholders}
+    by_index.pop(None, None)
+    if not any(p.meta.get("desc") is not None for p in placeholders):
+        by_index = dict(enumerate(placeholders))
     names: list[str] = []
     dims: set[int] = set()
     for i, value in enumerate(inputs):
         if not isinstance(value, torch.Tensor) or not chunk_dims_of(value):
             continue
         marks = chunk_dims_of(value)
-        if i >= len(placeholders):
+        node = by_index.get(i)
+        if node is None:
             raise ChunkError(
-                f"marked input {i} has no placeholder (the graph has {len(placeholders)})"
+                f"marked input {i} has no placeholder of its own (the graph has "
+                f"{len(placeholders)}); pass ChunkConfig.chunk_inputs explicitly"
             )
-        node = placeholders[i]
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.dim() != value.dim():
             raise ChunkError(
