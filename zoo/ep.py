@@ -70,10 +70,15 @@ class EpResult:
 def _eager_chunked(zm: ZooModel, n: int) -> nn.Module:
     """A copy of the model with every ``layers.*.moe`` run chunk by chunk (``EagerChunked``;
     its parameters are named ``layers.<i>.moe.module.<p>``, see :func:`_unwrapped`)."""
+    return _chunk_moe_layers(copy.deepcopy(zm.module), n)
+
+
+def _chunk_moe_layers(model: nn.Module, n: int) -> nn.Module:
+    """``model`` with every ``layers.*.moe`` replaced (in place) by ``EagerChunked(moe, 0, n)``."""
     from ap_epchunk import EagerChunked
 
-    model = copy.deepcopy(zm.module)
-    for layer in model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers:
+    layers: Any = model.layers
+    for layer in layers.values() if isinstance(layers, nn.ModuleDict) else layers:
         moe = getattr(layer, "moe", None)
         if isinstance(moe, nn.Module):
             layer.moe = EagerChunked(moe, 0, n)
@@ -218,6 +223,14 @@ def run_real_ep_case(model: str, num_chunks: int, config: str, steps: int = 2) -
         stage = "eager EP"
         ref_losses, ref_grads = _train(step, params, batches)
         state.restore()
+        if num_chunks > 1:
+            stage = "EagerChunked"
+            # the same model built again (same seed) with each MoE layer run chunk by chunk:
+            # every chunk routes and exchanges its own tokens, eagerly
+            ec_zm = BUILDERS[model](steps)
+            ec_step = _sharded_step(ec_zm, _chunk_moe_layers(ec_zm.module, num_chunks))
+            ec_losses, ec_grads = _train(ec_step, _shard_params(ec_step), batches)
+            ec_grads = _unwrapped(ec_grads)
         stage = "stock torch.compile"
         # torchtitan's setting for EP: the split sizes' .tolist() as unbacked symbols
         with torch._dynamo.config.patch(capture_scalar_outputs=True):
@@ -249,6 +262,9 @@ def run_real_ep_case(model: str, num_chunks: int, config: str, steps: int = 2) -
             res.regions_chunked = len(backend.chunk_reports[-1].regions)
         res.loss_rel_eager = _loss_rel(losses, ref_losses)
         res.grad_rel_eager = _grads_rel(grads, ref_grads)[0]
+        if num_chunks > 1:
+            res.loss_rel_eager_chunked = _loss_rel(losses, ec_losses)
+            res.grad_rel_eager_chunked = _grads_rel(grads, ec_grads)[0]
     except Exception as exc:  # noqa: BLE001 - recorded, like every zoo case
         res.error = f"{stage}: {_error_line(exc)}"
     finally:

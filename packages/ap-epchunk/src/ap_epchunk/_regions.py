@@ -53,6 +53,9 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
             seq = node.meta.get("seq_nr")
             if isinstance(seq, int) and seq >= 0:
                 by_seq.setdefault(seq, fqn)
+    # a graph retraced from a first compilation: its backward ops carry the FQN the first
+    # compilation stamped, and their seq_nr no longer names the forward op they differentiate
+    retraced = any(_stamped_fqn(n) is not None for n in graph.nodes if is_backward_node(n))
     for node in graph.nodes:
         if not is_backward_node(node):
             continue
@@ -60,9 +63,10 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
         # the forward op a backward op differentiates says where it belongs; a backward node's
         # own tag is second: a graph retraced through the first compilation's interpreter
         # stamps every backward op with the tag current when autograd ran it (one FQN for all)
-        custom = node.meta.get(CUSTOM)
-        fqn = custom.get(BACKWARD_FQN) if isinstance(custom, dict) else None
-        if not isinstance(fqn, str):
+        fqn = _stamped_fqn(node)
+        if fqn is None and retraced:
+            continue  # unstamped in the first compilation too: see _enclosing_fqn
+        if fqn is None:
             fqn = by_seq.get(seq) if isinstance(seq, int) else None
         if fqn is None:
             fqn = _custom_fqn(node)
@@ -70,7 +74,39 @@ def module_fqns(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
             fqn = module_fqn(node)  # innermost nn_module_stack entry
         if fqn is not None:
             fqns[node] = fqn
+    for node in graph.nodes:
+        if node not in fqns and node.op == "call_function" and is_backward_node(node):
+            enclosing = _enclosing_fqn(node, fqns)
+            if enclosing is not None:
+                fqns[node] = enclosing
     return fqns
+
+
+def _stamped_fqn(node: torch.fx.Node) -> str | None:
+    custom = node.meta.get(CUSTOM)
+    fqn = custom.get(BACKWARD_FQN) if isinstance(custom, dict) else None
+    return fqn if isinstance(fqn, str) else None
+
+
+def _enclosing_fqn(node: torch.fx.Node, fqns: dict[torch.fx.Node, str]) -> str | None:
+    """The FQN of a backward node autograd inserted on its own -- the sum of the gradients of
+    a value used twice (``add`` of two expert matmul gradients in a MoE) has no forward op and
+    no module -- when every input has an FQN: the innermost module enclosing its inputs and its
+    users that have one (their longest common dotted prefix). Without it the sum sits outside
+    the region that computes and consumes it, and the region's gradients look like values
+    that leave it."""
+    inputs = node.all_input_nodes
+    if not inputs or any(i not in fqns for i in inputs):
+        return None
+    around = [fqns[i] for i in inputs] + [fqns[u] for u in node.users if u in fqns]
+    common = around[0].split(".")
+    for fqn in around[1:]:
+        parts = fqn.split(".")
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    return ".".join(common) or None
 
 
 #: ``custom`` key: the module FQN of the forward op a backward op differentiates, written by

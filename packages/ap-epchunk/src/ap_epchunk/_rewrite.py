@@ -143,7 +143,10 @@ class Rewriter:
                 env = shape_env_of(node.meta.get("val"))
                 if env is None:
                     continue
-                for i in range(1, self.n):
+                # every chunk, the first included: the traced symbols keep the full graph's
+                # facts (the ShapeEnv's deferred runtime asserts, e.g. an exchange's split
+                # sizes summing to the full token count), which no chunk satisfies
+                for i in range(self.n):
                     for sym in bindings:
                         self.fresh[i][sym] = fresh_unbacked_like(env, sym)
 
