@@ -198,19 +198,26 @@ def test_moe_chunks_through_the_backend(
 
 @pytest.mark.multirank
 @pytest.mark.slow
-def test_real_expert_parallelism_through_precompile_and_the_backend() -> None:
+def test_real_expert_parallelism_chunks_through_precompile_and_the_backend() -> None:
     """torchtitan's Qwen3-MoE with its experts sharded over 2 gloo ranks (AllToAllTokenDispatcher:
-    a token-count exchange whose ``.tolist()`` sizes the dispatch and combine exchanges):
-    ``precompile`` + the backend make one graph with every exchange in it, and train like
-    eager EP. Before ``precompile`` traced with a shape environment it refused the split sizes'
-    ``.tolist()`` (``PrecompileError``)."""
-    (res,) = run_real_ep([("tt_qwen3_moe_ep", 1, "default")], port=29641)
+    a token-count exchange whose ``.tolist()`` sizes the dispatch and combine exchanges),
+    chunked in 2 through ``precompile`` + the backend: one graph in which every chunk routes
+    and exchanges its own counts and tokens, training like eager EP and like ``EagerChunked``.
+
+    Before ``precompile`` traced with a shape environment it refused the split sizes'
+    ``.tolist()`` (``PrecompileError``); before autograd's gradient sums joined their region
+    the chunk pass refused the experts' gradients; before the first chunk got symbols of its
+    own, the compiled graph failed its runtime assert ``Eq(u24 + u25, 256)``."""
+    (res,) = run_real_ep([("tt_qwen3_moe_ep", 2, "default")], port=29641)
     assert res.error is None, res.error
     assert (res.graphs, res.graph_breaks) == (1, 0)
-    # per MoE layer: counts + dispatch + combine forward, their two transposes backward
-    assert (res.all_to_all_fw, res.all_to_all_bw) == (3 * res.moe_layers, 2 * res.moe_layers)
+    assert res.regions_chunked == 2 * res.moe_layers  # forward + backward of each layer
+    # per MoE layer and chunk: counts + dispatch + combine forward, their two transposes backward
+    assert (res.all_to_all_fw, res.all_to_all_bw) == (6 * res.moe_layers, 4 * res.moe_layers)
     assert res.loss_rel_eager is not None and res.loss_rel_eager <= FP32_RTOL
     assert res.grad_rel_eager is not None and res.grad_rel_eager <= 1e-4
+    assert res.loss_rel_eager_chunked is not None and res.loss_rel_eager_chunked <= FP32_RTOL
+    assert res.grad_rel_eager_chunked is not None and res.grad_rel_eager_chunked <= 1e-4
 
 
 # --------------------------------------------------------------------------- the zoo itself

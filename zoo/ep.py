@@ -337,6 +337,45 @@ def _read_ranks(out: str, world: int) -> list[list[RealEpResult]]:
     return per_rank
 
 
+def render_real_ep(rows: list[RealEpResult], *, load: str = "") -> str:
+    """The markdown table ``python -m zoo.ep --write`` puts in ``zoo/RESULTS.md``."""
+    out = [
+        "| model | N | config | a2a / MoE layer fw | a2a / MoE layer bw | graphs (breaks) | "
+        "loss / grad rel vs eager EP | vs EagerChunked | stock loss / grad rel | compile + 2 steps s |"
+        " status |",
+        "|---|---:|---|---:|---:|---|---|---|---|---:|---|",
+    ]
+
+    def rel(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None else f"{a:.1e} / {b:.1e}"
+
+    for r in rows:
+        layers = max(r.moe_layers, 1)
+        fw = "-" if r.all_to_all_fw is None else f"{r.all_to_all_fw / layers:g}"
+        bw = "-" if r.all_to_all_bw is None else f"{r.all_to_all_bw / layers:g}"
+        graphs = "-" if r.graphs is None else f"{r.graphs} ({r.graph_breaks})"
+        ok = r.error is None and all(
+            v is not None and v <= tol
+            for v, tol in (
+                (r.loss_rel_eager, 1e-5),
+                (r.grad_rel_eager, 1e-4),
+                (r.loss_rel_eager_chunked if r.num_chunks > 1 else 0.0, 1e-5),
+                (r.grad_rel_eager_chunked if r.num_chunks > 1 else 0.0, 1e-4),
+            )
+        )
+        status = "ok" if ok else (r.error or "numerics")
+        compile_s = "-" if r.compile_s is None else f"{r.compile_s:.1f}"
+        out.append(
+            f"| {r.model} | {r.num_chunks} | {r.config} | {fw} | {bw} | {graphs} | "
+            f"{rel(r.loss_rel_eager, r.grad_rel_eager)} | "
+            f"{rel(r.loss_rel_eager_chunked, r.grad_rel_eager_chunked)} | "
+            f"{rel(r.stock_loss_rel, r.stock_grad_rel)} | {compile_s} | {status} |"
+        )
+    if load:
+        out.append(f"\n{load}")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
@@ -358,8 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             for n in args.chunks.split(",")
             for c in args.configs.split(",")
         ]
-        for row in run_real_ep(cases):
+        rows = run_real_ep(cases)
+        for row in rows:
             print(json.dumps(dataclasses.asdict(row)), flush=True)
+        print(render_real_ep(rows))
         return 0
     with tempfile.NamedTemporaryFile() as f:
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(f.name, 1))  # type: ignore[attr-defined]

@@ -54,3 +54,33 @@ def test_nn_module_stack_fallback_and_backward_fqn_from_seq_nr(fake_graph: Any) 
     assert targets.count(aten.cat.default) == 1
     out = gm(torch.randn(3, 3), torch.randn(8, 3))[0]
     assert out.shape == (8, 3)
+
+
+def test_gradient_sums_join_the_module_that_encloses_them(fake_graph: Any) -> None:
+    """Autograd's sum of a value's two gradients (a MoE's routed tokens feed two expert
+    matmuls) has no forward op and no module. Between two ops of ``layers.0.moe`` it belongs
+    to ``layers.0.moe`` (the innermost module around its inputs and users); left out, the
+    region's gradients looked like values leaving it. In a graph retraced from a first
+    compilation (backward FQNs stamped) ``seq_nr`` names nothing, so it is not used."""
+    b = fake_graph()
+    x = b.placeholder("x", b.fake(8, 4))
+    w1 = b.placeholder("w1", b.fake(4, 4))
+    w3 = b.placeholder("w3", b.fake(4, 4))
+    tagged = {"ap_chunk_backward_fqn": "layers.0.moe.experts"}
+    g1 = b.op(aten.mm.default, x, w1, backward=True)
+    g3 = b.op(aten.mm.default, x, w3, backward=True)
+    summed = b.op(aten.add.Tensor, g1, g3, backward=True)  # autograd's: no FQN of its own
+    summed.meta["seq_nr"] = 3
+    scatter = b.op(aten.neg.default, summed, backward=True)
+    last = b.op(aten.relu.default, scatter, backward=True)  # feeds the outputs only
+    for node in (g1, g3):
+        node.meta["custom"] = dict(tagged)
+    scatter.meta["custom"] = {"ap_chunk_backward_fqn": "layers.0.moe"}
+    embed = b.op(aten.mm.default, x, w1)
+    embed.meta.update(seq_nr=3, custom={"module_fqn": "tok_embeddings"})
+    gm = b.module(last, embed)
+    fqns = module_fqns(gm.graph)
+    assert fqns[summed] == "layers.0.moe"  # not tok_embeddings through seq_nr 3
+    assert last not in fqns
+    (region,) = [r for r in find_regions(gm.graph, ("layers.*.moe",), fqns) if r.backward]
+    assert region.candidates == (g1, g3, summed, scatter)

@@ -91,14 +91,15 @@ def _stamped_fqn(node: torch.fx.Node) -> str | None:
 def _enclosing_fqn(node: torch.fx.Node, fqns: dict[torch.fx.Node, str]) -> str | None:
     """The FQN of a backward node autograd inserted on its own -- the sum of the gradients of
     a value used twice (``add`` of two expert matmul gradients in a MoE) has no forward op and
-    no module -- when every input has an FQN: the innermost module enclosing its inputs and its
-    users that have one (their longest common dotted prefix). Without it the sum sits outside
+    no module -- when every input has an FQN and a user has one: the innermost module enclosing
+    its inputs and those users (their longest common dotted prefix). Without it the sum sits outside
     the region that computes and consumes it, and the region's gradients look like values
     that leave it."""
     inputs = node.all_input_nodes
-    if not inputs or any(i not in fqns for i in inputs):
-        return None
-    around = [fqns[i] for i in inputs] + [fqns[u] for u in node.users if u in fqns]
+    users = [fqns[u] for u in node.users if u in fqns]
+    if not inputs or not users or any(i not in fqns for i in inputs):
+        return None  # not between module ops (a last op feeding the outputs stays outside)
+    around = [fqns[i] for i in inputs] + users
     common = around[0].split(".")
     for fqn in around[1:]:
         parts = fqn.split(".")
