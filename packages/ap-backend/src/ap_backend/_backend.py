@@ -113,7 +113,18 @@ class AutoParallelBackend:
         self, gm: torch.fx.GraphModule, joint_inputs: Any, graph_inputs: Sequence[Any] = ()
     ) -> torch.fx.GraphModule:
         opts = self.options
-        if opts.ep_chunk is not None:
+        described = _compat.described_input_count(gm.graph)
+        nested = described is not None and described != len(graph_inputs)
+        if opts.ep_chunk is not None and nested:
+            # a nested compiled region's own joint graph (invoke_subgraph): its regions, if
+            # any, run inside the outer graph's; the marks name the outer graph's inputs
+            log.info(
+                "autoparallel_backend: ep_chunk skips a nested region's joint graph (%d of the "
+                "compiled graph's %d inputs)",
+                described,
+                len(graph_inputs),
+            )
+        elif opts.ep_chunk is not None:
             before = gm.print_readable(print_output=False) if _compat.structured_tracing() else ""
             emit_string("ap_chunk_before", lambda: before)
             # the token arguments: ``mark_chunk_dim`` marks on the tensors Dynamo compiled with

@@ -191,6 +191,33 @@ def scalar_outputs_allowed(example_inputs: Any) -> Iterator[None]:
         fake_mode.allow_scalar_outputs = old
 
 
+def described_input_count(graph: torch.fx.Graph) -> int | None:
+    """How many flat arguments of the compiled function ``graph``'s placeholders stand for
+    (AOTAutograd's ``meta["desc"]``: ``PlainAOTInput(idx)``, directly or as the base of a
+    tensor subclass's inner tensor), or None for a graph without descriptors.
+
+    Why: AOTAutograd partitions the body of a nested compiled region (``invoke_subgraph``, e.g.
+    an attention block a library marks for reuse) as a joint graph of its own, through the same
+    joint pass as the graph Dynamo handed the backend; its placeholders stand for the region's
+    arguments, not for the compiled graph's inputs."""
+    descriptors: Any = SUPPORT.attrs(
+        "torch._functorch._aot_autograd.descriptors",
+        ("PlainAOTInput", "SubclassGetAttrAOTInput"),
+    )
+    indices: set[int] = set()
+    described = False
+    for node in graph.find_nodes(op="placeholder"):
+        desc = node.meta.get("desc")
+        if desc is None:
+            continue
+        described = True
+        while isinstance(desc, descriptors.SubclassGetAttrAOTInput):
+            desc = desc.base
+        if isinstance(desc, descriptors.PlainAOTInput):
+            indices.add(int(desc.idx))
+    return len(indices) if described else None
+
+
 def data_dependent_errors() -> dict[type[BaseException], str]:
     """The exceptions tracing with fake tensors raises when Python needs a tensor's value,
     each with the kind of code that causes it."""
