@@ -212,6 +212,9 @@ def test_real_expert_parallelism_chunks_through_precompile_and_the_backend() -> 
     assert res.error is None, res.error
     assert (res.graphs, res.graph_breaks) == (1, 0)
     assert res.regions_chunked == 2 * res.moe_layers  # forward + backward of each layer
+    # ChunkReport: each forward region's body exchanges counts, tokens out, tokens back;
+    # each backward region the two token exchanges' transposes (the counts need no gradient)
+    assert sorted(res.region_all_to_alls) == [2] * res.moe_layers + [3] * res.moe_layers
     # per MoE layer and chunk: counts + dispatch + combine forward, their two transposes backward
     assert (res.all_to_all_fw, res.all_to_all_bw) == (6 * res.moe_layers, 4 * res.moe_layers)
     assert res.loss_rel_eager is not None and res.loss_rel_eager <= FP32_RTOL

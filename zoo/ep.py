@@ -169,6 +169,10 @@ class RealEpResult:
     grad_rel_eager_chunked: float | None = None
     compile_s: float | None = None
     regions_chunked: int = 0
+    #: ChunkReport: all-to-alls in each chunked region's body (forward regions first, per layer)
+    region_all_to_alls: list[int] = field(default_factory=list)
+    #: ChunkReport: the collectives each region kept whole, with why
+    whole_collectives: list[str] = field(default_factory=list)
     error: str | None = None
 
 
@@ -259,7 +263,10 @@ def run_real_ep_case(model: str, num_chunks: int, config: str, steps: int = 2) -
         res.all_to_all_fw = _count_a2a(backend, backward=False)
         res.all_to_all_bw = _count_a2a(backend, backward=True)
         if backend.chunk_reports:
-            res.regions_chunked = len(backend.chunk_reports[-1].regions)
+            regions = backend.chunk_reports[-1].regions
+            res.regions_chunked = len(regions)
+            res.region_all_to_alls = [r.all_to_alls for r in regions]
+            res.whole_collectives = sorted({w for r in regions for w in r.whole_collectives})
         res.loss_rel_eager = _loss_rel(losses, ref_losses)
         res.grad_rel_eager = _grads_rel(grads, ref_grads)[0]
         if num_chunks > 1:

@@ -29,6 +29,9 @@ def test_grad_partials_summed_before_the_collective(fake_graph: Any) -> None:
     gm = _graph(fake_graph)
     report = chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",)))
     gm.graph.lint()
+    (region,) = report.regions
+    assert region.all_to_alls == 0
+    assert region.whole_collectives == ["all_reduce: replayed once on the summed chunk partials"]
     nodes = list(gm.graph.nodes)
     reduces = [n for n in nodes if n.target is c10d.all_reduce.default]
     waits = [n for n in nodes if n.target is c10d.wait_tensor.default]
@@ -84,8 +87,9 @@ def test_all_to_all_is_chunked(fake_graph: Any) -> None:
     done = b.op(c10d.wait_tensor.default, a2a, fqn="layers.0")
     out = b.op(aten.relu.default, done, fqn="head")
     gm = b.module(out)
-    chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",)))
+    report = chunk_pass(gm, ChunkConfig(module_patterns=("layers.*",)))
     gm.graph.lint()
+    assert [(r.all_to_alls, r.whole_collectives) for r in report.regions] == [(1, [])]
     a2as = [n for n in gm.graph.nodes if n.target is c10d.all_to_all_single.default]
     assert len(a2as) == 2
     # the split sizes are the chunk's own extent, not the full one

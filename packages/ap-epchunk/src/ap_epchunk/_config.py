@@ -72,11 +72,16 @@ class ChunkConfig:
 
 @dataclass(frozen=True)
 class RegionSummary:
-    """One chunked region: its root FQN, direction and how many nodes each chunk runs."""
+    """One chunked region: its root FQN, direction and how many nodes each chunk runs;
+    ``all_to_alls``: the token exchanges (``all_to_all_single``) in the body, each now run once
+    per chunk; ``whole_collectives``: the region's other collectives, each run once on the full
+    value, with why (``"all_gather_into_tensor: ..."``)."""
 
     root: str
     backward: bool
     body_nodes: int
+    all_to_alls: int = 0
+    whole_collectives: list[str] = field(default_factory=list)
 
 
 @dataclass

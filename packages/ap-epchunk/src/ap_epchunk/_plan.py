@@ -50,6 +50,9 @@ class RegionPlan:
     chains: dict[torch.fx.Node, int] = field(default_factory=dict)
     followers: set[torch.fx.Node] = field(default_factory=set)
     materialize: list[Materialize] = field(default_factory=list)
+    #: collectives of the region left out of the body (no chunk influence: shared by every
+    #: chunk, e.g. an FSDP all-gather of an expert weight)
+    shared_collectives: list[torch.fx.Node] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -236,6 +239,8 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
             influenced = shapes.args_carry_chunk(node) or (
                 not node.all_input_nodes and isinstance(shapes.dim(node), int)
             )
+        if not influenced and is_collective(node):
+            rp.shared_collectives.append(node)
         if influenced:
             if node in plan.split_dim or node in plan.scalars:
                 raise ChunkError(
@@ -523,6 +528,27 @@ def make_plan(regions: list[Region], shapes: ChunkShapes, early_grad_accumulatio
         _plan_live_outs(rp, plan, shapes, early_grad_accumulation)
     _check_collectives(plan)
     return plan
+
+
+def collective_name(node: torch.fx.Node) -> str:
+    op = op_overload(node)
+    return str(op._schema.name).split("::")[-1] if op is not None else str(node.target)
+
+
+def region_collectives(rp: RegionPlan) -> tuple[int, list[str]]:
+    """``(all-to-alls chunked, collectives kept whole with why)`` of one planned region."""
+    replayed = {p for m in rp.materialize for p in m.chain}
+    exchanges = sum(1 for n in rp.body if is_collective(n) and is_all_to_all(n))
+    whole = [
+        f"{collective_name(n)}: replayed once on the summed chunk partials"
+        for n in rp.body
+        if is_collective(n) and n in replayed
+    ]
+    whole += [
+        f"{collective_name(n)}: not influenced by the chunk dim, shared by every chunk"
+        for n in rp.shared_collectives
+    ]
+    return exchanges, whole
 
 
 def _check_collectives(plan: Plan) -> None:

@@ -28,7 +28,14 @@ from ap_tags.graph import is_collective, is_wait
 
 from ._compat import fresh_unbacked_like, materialize_symints, shape_env_of, tree_leaves, tree_map
 from ._config import ChunkReport, RegionSummary
-from ._plan import Materialize, Plan, RegionPlan, is_dead_getitem, is_mutating
+from ._plan import (
+    Materialize,
+    Plan,
+    RegionPlan,
+    is_dead_getitem,
+    is_mutating,
+    region_collectives,
+)
 from ._shapes import ChunkShapes, SymbolicShapes
 from ._symbols import SymMap, free_symbols, subst_scalar, subst_value
 
@@ -71,8 +78,10 @@ class Rewriter:
         self.orig: dict[torch.fx.Node, tuple[Any, Any, dict[str, Any], str]] = {}
         self.created: list[torch.fx.Node] = []
         #: per chunk: each unbacked symbol a data-dependent body op binds -> that chunk's own
-        #: symbol (chunk 0 keeps the traced one)
+        #: symbol (every chunk, the first included; see ``_make_fresh_symbols``)
         self.fresh: list[dict[Any, Any]] = [{} for _ in range(self.n)]
+        #: every chunk's own symbols, once (``_lift_symints`` asks for each body node)
+        self.fresh_symbols: frozenset[Any] = frozenset()
 
     # ------------------------------------------------------------------ metadata helpers
     def _glue_meta(self, rp: RegionPlan, val: Any, index: int | None = None) -> dict[str, Any]:
@@ -149,6 +158,7 @@ class Rewriter:
                 for i in range(self.n):
                     for sym in bindings:
                         self.fresh[i][sym] = fresh_unbacked_like(env, sym)
+        self.fresh_symbols = frozenset(s for chunk in self.fresh for s in chunk)
 
     # ------------------------------------------------------------------ live-ins
     def _piece_val(self, live_in: torch.fx.Node) -> Any:
@@ -215,7 +225,7 @@ class Rewriter:
         producer in the graph, stays raw (as the input graph had it).
         """
         original = {id(v) for v in tree_leaves((tuple(node.args), dict(node.kwargs)))}
-        fresh_syms = {s for chunk in self.fresh for s in chunk}
+        fresh_syms = self.fresh_symbols
         leaves = [
             v
             for v in tree_leaves(tree)
@@ -350,7 +360,10 @@ class Rewriter:
             for m in rp.materialize:
                 self._materialize(m, rp)
             self.report.routed_live_ins += len(rp.routed)
-            self.report.regions.append(RegionSummary(rp.root, rp.backward, len(rp.body)))
+            exchanges, whole = region_collectives(rp)
+            self.report.regions.append(
+                RegionSummary(rp.root, rp.backward, len(rp.body), exchanges, whole)
+            )
         self._erase_dead()
 
     def _erase_dead(self) -> None:
