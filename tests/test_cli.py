@@ -157,6 +157,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.multirank
 @pytest.mark.parametrize(
@@ -178,6 +182,10 @@ def test_interrupt_stops_every_rank_with_one_line(how: str, status: int, word: s
         text=True,
         cwd=ROOT,
         start_new_session=True,
+        # As a terminal starts a foreground job: SIGINT at its default. A shell without job
+        # control starts background jobs (a CI script run with ``&``) with SIGINT ignored, the
+        # demo inherits that through pytest, and an ignored Ctrl-C rightly stops nothing.
+        preexec_fn=_sigint_default,
     )
     try:
         deadline = time.monotonic() + 120
