@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from zoo.run import (
     CaseResult,
     evaluate,
     numerics_tolerance,
+    rel_err,
     run_case,
 )
 
@@ -221,6 +223,54 @@ def test_real_expert_parallelism_chunks_through_precompile_and_the_backend() -> 
     assert res.grad_rel_eager is not None and res.grad_rel_eager <= 1e-4
     assert res.loss_rel_eager_chunked is not None and res.loss_rel_eager_chunked <= FP32_RTOL
     assert res.grad_rel_eager_chunked is not None and res.grad_rel_eager_chunked <= 1e-4
+
+
+@pytest.mark.parametrize("model", ["tt_qwen3_moe", "tt_deepseek_v3"])
+def test_a_torchtitan_moe_compiled_as_a_module_chunks_through_hinted_marks(model: str) -> None:
+    """torchtitan's MoE decoders compiled as modules, the loss outside (the ordinary
+    ``torch.compile(model)`` use), batch 4 in 2 chunks: the static route refuses them at the
+    final norm's backward (the tangent has the full batch); with the token dim marked with its
+    extent as hint it is one unbacked symbol, and the chunked model trains like
+    ``EagerChunked`` (fp32 experts) on two batches, the second unmarked."""
+    import copy
+
+    import torch.nn.functional as F
+    from ap_backend import autoparallel_backend, precompile
+    from ap_epchunk import ChunkConfig, EagerChunked, mark_chunk_dim
+
+    from zoo.models import torchtitan_models as tm
+    from zoo.models._base import token_batches
+    from zoo.models.expert_parallel import fp32_experts
+
+    zm = tm.qwen3_moe(1, n_layers=1) if model == "tt_qwen3_moe" else tm.deepseek_v3(1)
+    assert fp32_experts(zm.module) >= 1
+    batches = token_batches(2, batch=4)
+    ref = copy.deepcopy(zm.module)
+    for layer in ref.layers.values():
+        if getattr(layer, "moe", None) is not None:
+            layer.moe = EagerChunked(layer.moe, 0, 2)
+
+    def train(module: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> list[Any]:
+        loss = F.cross_entropy(module(tokens).flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        module.zero_grad()
+        return [loss.detach(), *grads]
+
+    tokens = batches[0][0].clone()
+    mark_chunk_dim(tokens, 0, hint=4)
+    pm = precompile(zm.module, (tokens,))
+    backend = autoparallel_backend(ep_chunk=ChunkConfig(("layers.*.moe",), num_chunks=2))
+    compiled = torch.compile(pm, backend=backend)
+    for step, (toks, targets) in enumerate(batches):
+        want = train(ref, toks, targets)
+        got = train(compiled, tokens if step == 0 else toks.clone(), targets)
+        assert len(got) == len(want)
+        assert rel_err(got[0], want[0]) <= FP32_RTOL, step
+        assert max(rel_err(g, w) for g, w in zip(got[1:], want[1:], strict=True)) <= 1e-4, step
+    (report,) = backend.chunk_reports
+    assert report.mode == "symbolic"
+    assert {r.backward for r in report.regions} == {False, True}
 
 
 # --------------------------------------------------------------------------- the zoo itself

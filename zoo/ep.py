@@ -155,6 +155,8 @@ class RealEpResult:
     num_chunks: int
     config: str
     world: int = REAL_EP_WORLD
+    #: the token route: "static" (hint=None) or "hinted" (hint=the token extent)
+    marks: str = "static"
     moe_layers: int = 0
     #: all_to_all_single in the partitioned forward / backward graphs handed to Inductor
     all_to_all_fw: int | None = None
@@ -197,12 +199,16 @@ def _count_a2a(backend: Any, backward: bool) -> int:
     )
 
 
-def run_real_ep_case(model: str, num_chunks: int, config: str, steps: int = 2) -> RealEpResult:
+def run_real_ep_case(
+    model: str, num_chunks: int, config: str, steps: int = 2, *, marks: str = "static"
+) -> RealEpResult:
     """One case on this rank of an initialised ``REAL_EP_WORLD``-rank group: the model with its
     experts sharded over the ranks (``zoo.models.expert_parallel``), eager EP as the
     reference, stock ``torch.compile`` of the same step for its gap, then ``precompile`` + the
-    backend in ``config`` (chunked into ``num_chunks`` when > 1). Never raises for a model or
-    backend failure (``error``)."""
+    backend in ``config`` (chunked into ``num_chunks`` when > 1). ``marks``: the token route,
+    ``"static"`` (``mark_chunk_dim(t, 0, hint=None)``) or ``"hinted"`` (``hint=t.shape[0]``:
+    the token dim is one unbacked symbol through precompile, Dynamo and the backend). Never
+    raises for a model or backend failure (``error``)."""
     import torch.distributed as dist
     from ap_backend import autoparallel_backend, precompile
     from ap_epchunk import ChunkConfig, mark_chunk_dim
@@ -212,7 +218,7 @@ def run_real_ep_case(model: str, num_chunks: int, config: str, steps: int = 2) -
     from zoo.models.expert_parallel import cpu_expert_parallel
     from zoo.run import AP_CONFIGS, _rank_batches
 
-    res = RealEpResult(model, num_chunks, config, world=dist.get_world_size())
+    res = RealEpResult(model, num_chunks, config, world=dist.get_world_size(), marks=marks)
     stage = "build"
     torch._dynamo.reset()
     try:
@@ -247,7 +253,7 @@ def run_real_ep_case(model: str, num_chunks: int, config: str, steps: int = 2) -
         stage = "precompile"
         if num_chunks > 1:
             for t in batches[0]:
-                mark_chunk_dim(t, 0, hint=None)
+                mark_chunk_dim(t, 0, hint=None if marks == "static" else t.shape[0])
         with annotate_module_fqns(zm.module):
             pm = precompile(step, batches[0])
         state.restore()
@@ -294,7 +300,7 @@ def _merge_ranks(results: list[RealEpResult]) -> RealEpResult:
 
 
 def _real_ep_rank(
-    rank: int, world: int, port: int, cases: list[tuple[str, int, str]], out: str
+    rank: int, world: int, port: int, cases: list[tuple[str, int, str]], out: str, marks: str
 ) -> None:
     import os
 
@@ -303,7 +309,7 @@ def _real_ep_rank(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        rows = [dataclasses.asdict(run_real_ep_case(m, n, c)) for m, n, c in cases]
+        rows = [dataclasses.asdict(run_real_ep_case(m, n, c, marks=marks)) for m, n, c in cases]
     finally:
         dist.destroy_process_group()
     with open(f"{out}.{rank}", "w") as f:
@@ -311,7 +317,11 @@ def _real_ep_rank(
 
 
 def run_real_ep(
-    cases: list[tuple[str, int, str]], *, world: int = REAL_EP_WORLD, port: int = 29630
+    cases: list[tuple[str, int, str]],
+    *,
+    world: int = REAL_EP_WORLD,
+    port: int = 29630,
+    marks: str = "static",
 ) -> list[RealEpResult]:
     """Spawn ``world`` gloo ranks on 127.0.0.1, run ``cases`` (model, chunks, config) on each,
     and merge the ranks' results."""
@@ -328,7 +338,7 @@ def run_real_ep(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out = f"{tmp}/rows"
-            mp.spawn(_real_ep_rank, args=(world, port, cases, out), nprocs=world)  # type: ignore[attr-defined,no-untyped-call]
+            mp.spawn(_real_ep_rank, args=(world, port, cases, out, marks), nprocs=world)  # type: ignore[attr-defined,no-untyped-call]
             per_rank = _read_ranks(out, world)
     finally:
         if added:
@@ -391,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", default="1,2,4", help="1: the unchunked backend")
     parser.add_argument("--configs", default=",".join(REAL_EP_CONFIGS))
     parser.add_argument(
+        "--marks",
+        choices=("static", "hinted"),
+        default="static",
+        help="token route: mark_chunk_dim(t, 0, hint=None) (static) or hint=t.shape[0]",
+    )
+    parser.add_argument(
         "--local-experts",
         action="store_true",
         help="the MoE models without EP (every expert on the one rank), as before real EP",
@@ -404,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in args.chunks.split(",")
             for c in args.configs.split(",")
         ]
-        rows = run_real_ep(cases)
+        rows = run_real_ep(cases, marks=args.marks)
         for row in rows:
             print(json.dumps(dataclasses.asdict(row)), flush=True)
         print(render_real_ep(rows))

@@ -127,3 +127,28 @@ def test_without_chunk_symbols_it_is_a_no_op(fake_graph: Any) -> None:
     before = snapshot(gm)
     assert concretize_chunk_symbols(gm).symbols == {}
     assert snapshot(gm) == before
+
+
+def test_a_scalar_placeholder_is_folded_into_its_users_and_kept(fake_graph: Any) -> None:
+    """Dynamo passes a symbolic token extent as a graph input of its own. Concretized, the
+    placeholder stays (the graph's signature is the caller's) but nothing reads it: a
+    partitioner would otherwise save a plain int for the backward, which AOTAutograd counts
+    neither as a tensor nor as a SymInt ("expected one saved_tensor_is_graph_input entry per
+    saved tensor")."""
+    b = fake_graph()
+    u0 = b.unbacked(8)
+    n = b.placeholder("n", u0)
+    x = b.placeholder("x", b.fake(u0, 4))
+    twice = b.op(operator.mul, n, 2)
+    flat = b.op(aten.view.default, x, [twice, 2])
+    ones = b.op(aten.ones.default, [n, 2])  # a size argument reading the placeholder itself
+    gm = b.module(flat, twice, ones)
+    gm.meta[CHUNK_SYMBOLS_META] = {"u0": 8}
+    concretize_chunk_symbols(gm)
+    nodes = {node.name: node for node in gm.graph.nodes}
+    assert nodes["n"].op == "placeholder" and nodes["n"].meta["val"] == 8
+    assert not nodes["n"].users
+    assert nodes["view_default"].args[1] == [16, 2]
+    assert nodes["ones_default"].args[0] == [8, 2]
+    out, doubled, ones = gm(8, torch.randn(8, 4))
+    assert out.shape == (16, 2) and doubled == 16 and ones.shape == (8, 2)

@@ -144,27 +144,18 @@ def _set_compiling_flag() -> Callable[[], None]:
 COMPILING = ScopedPatch("torch.compiler.is_compiling() = True", _set_compiling_flag)
 
 
-def static_fake_inputs(tree: Any) -> Any:
-    """``tree`` with every tensor leaf replaced by a fake tensor of the same (static) sizes,
-    all in one ``FakeTensorMode`` over a fresh ``ShapeEnv``.
+def fake_mode_with_shape_env() -> Any:
+    """A fresh ``FakeTensorMode`` over a fresh ``ShapeEnv`` (real tensors allowed in).
 
     Why: ``aot_export_joint_with_descriptors`` takes the fake mode of its inputs when they have
     one, and otherwise makes one *without* a shape environment, where a tensor read into Python
-    (``.tolist()`` of split sizes, ``.item()``) cannot become a symbol and fails. With these
-    inputs such reads become unbacked SymInts, as under Dynamo with ``capture_scalar_outputs``;
-    every input dim stays static (``static_shapes=True``), and the parameters, which are not in
-    ``tree``, are fakified static by AOTAutograd (``static_weight_shapes``)."""
+    (``.tolist()`` of split sizes, ``.item()``) cannot become a symbol and fails. With inputs
+    in this mode such reads become unbacked SymInts, as under Dynamo with
+    ``capture_scalar_outputs``; the parameters, which are not among the inputs, are fakified
+    static by AOTAutograd (``static_weight_shapes``)."""
     mode_type: Any = SUPPORT.attr("torch._subclasses.fake_tensor", "FakeTensorMode")
     shape_env_type: Any = SUPPORT.attr("torch.fx.experimental.symbolic_shapes", "ShapeEnv")
-    mode = mode_type(shape_env=shape_env_type(), allow_non_fake_inputs=True)
-
-    def fake(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor):
-            return mode.from_tensor(leaf, static_shapes=True)
-        return leaf
-
-    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_map",))
-    return pytree.tree_map(fake, tree)
+    return mode_type(shape_env=shape_env_type(), allow_non_fake_inputs=True)
 
 
 @contextlib.contextmanager

@@ -137,7 +137,11 @@ def _first_compilation(
     with contextlib.ExitStack() as stack:
         stack.enter_context(ap_tags.annotate_module_fqns(module))
         try:
-            fake_args, fake_kwargs = _compat.static_fake_inputs((args, kwargs))
+            # static sizes, but a shape environment for .tolist()/.item() reads; a chunk dim marked
+            # with a hint becomes an unbacked symbol (see ap_epchunk.fake_chunk_inputs)
+            fake_args, fake_kwargs = ap_epchunk.fake_chunk_inputs(
+                (args, kwargs), _compat.fake_mode_with_shape_env()
+            )
             with tracing_like_compile():
                 jd = export_joint(stack, module, fake_args, fake_kwargs or None)
         except Exception as exc:
@@ -298,6 +302,8 @@ def precompile(
     :class:`PrecompileError` naming the op and the source line. Dims marked dynamic
     (``torch._dynamo.mark_dynamic``) are refused: a first compilation is static, and each new
     signature (mode, shapes, non-tensor arguments) gets its own, up to ``max_signatures``.
+    A token dim marked with ``ap_epchunk.mark_chunk_dim(t, d, hint=N)`` is the exception: it
+    is traced as a hinted unbacked symbol, for ``autoparallel_backend(ep_chunk=...)``.
 
     ``joint_pass(gm, joint_inputs) -> gm`` (e.g. ``ap_tags.ac_joint_pass(...)``) runs on the
     joint graph right before the first partition, as ``torch._functorch.config.

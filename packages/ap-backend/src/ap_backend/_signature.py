@@ -148,27 +148,22 @@ def refuse_dynamic_dims(
 ) -> None:
     """Raise ``ValueError`` naming the first input tensor with dims marked to stay symbolic
     (``torch._dynamo.mark_dynamic`` / ``mark_unbacked``): a first compilation is static, and
-    Dynamo would refuse to specialise a marked dim (``ConstraintViolationError``)."""
+    Dynamo would refuse to specialise a marked dim (``ConstraintViolationError``).
+
+    The one exception is a chunk dim marked with ``ap_epchunk.mark_chunk_dim(t, d, hint=N)``
+    (itself a ``mark_unbacked``): the first compilation traces it as a hinted unbacked symbol
+    (``ap_epchunk.fake_chunk_inputs``) for the backend's ``ep_chunk`` to split and then
+    concretize; any other marked dim on that tensor is still refused."""
     pairs, _ = _compat.tree_leaves_with_path((tuple(args), dict(kwargs)))
     names = _positional_names(module)
     for path, leaf in pairs:
         if not isinstance(leaf, torch.Tensor):
             continue
         marks = _compat.dynamic_dim_marks(leaf)
-        if marks:
+        hinted = {d for d, h in ap_epchunk.chunk_dims_of(leaf).items() if h is not None}
+        if marks and {d for dims in marks.values() for d in dims} - hinted:
             api, dims = next(iter(marks.items()))
             path_name = _pretty_path(path, names)
-            hinted = {d: h for d, h in ap_epchunk.chunk_dims_of(leaf).items() if h is not None}
-            if hinted:
-                d, h = next(iter(hinted.items()))
-                raise ValueError(
-                    f"{where}: {path_name} has its chunk dim {d} marked with "
-                    f"ap_epchunk.mark_chunk_dim(..., hint={h}), which makes it an unbacked "
-                    f"symbol, but a first compilation records static shapes. Through precompile "
-                    f"+ autoparallel_backend(ep_chunk=...) mark it with "
-                    f"mark_chunk_dim(t, {d}, hint=None): the backend chunks the static sizes "
-                    f"(the hinted mode is for chunk_pass on a graph you trace yourself)."
-                )
             raise ValueError(
                 f"{where}: {path_name} has dim(s) {list(dims)} marked dynamic "
                 f"({api}), but a first compilation records static shapes. Remove the mark: a "

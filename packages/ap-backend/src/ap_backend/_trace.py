@@ -14,7 +14,7 @@ module's Python runs once more with fake tensors). Three things make that trace 
   value-dependent output shapes (``nonzero``), and ``print`` (which would run while tracing and
   never again). A value read and only used as a size or in arithmetic (``.tolist()`` split
   sizes) is an unbacked symbol, as under Dynamo with ``capture_scalar_outputs``: the trace runs
-  in a fake mode with a shape environment (``_compat.static_fake_inputs``).
+  in a fake mode with a shape environment (``_compat.fake_mode_with_shape_env``).
 * The forward and backward graphs the second compilation retraces have every ``aten.view``
   replaced by ``aten.reshape`` (:func:`reshape_views`): a ``view`` the first trace recorded is
   valid for the strides eager kernels produce, but the retrace runs under Inductor's

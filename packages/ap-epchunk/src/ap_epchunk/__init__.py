@@ -22,7 +22,7 @@ from ._errors import ChunkError
 from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
 from ._regions import tag_backward_module_fqns
-from ._tracing import trace_joint
+from ._tracing import fake_chunk_inputs, trace_joint
 
 __version__: str = _distribution_version("ap-epchunk")
 _TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TESTED_TORCH
@@ -41,6 +41,7 @@ __all__ = [
     "chunk_inputs_from_marks",
     "chunk_pass",
     "concretize_chunk_symbols",
+    "fake_chunk_inputs",
     "mark_chunk_dim",
     "tag_backward_module_fqns",
     "trace_joint",

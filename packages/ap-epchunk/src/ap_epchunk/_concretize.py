@@ -9,7 +9,11 @@ unbacked symbols of the placeholders) by their hints:
    GraphModule reachable from it through ``get_attr`` or node args (higher-order-op subgraphs);
 2. scalar nodes that become constants (``sym_size``, ``//`` ...) are folded into their users,
    and the dead scalar plumbing (those nodes and ``_assert_scalar`` guards now known true) is
-   erased;
+   erased. A scalar *placeholder* that becomes a constant (the token extent Dynamo passes as
+   a graph input when the token dim is symbolic) is folded into its users and kept, unused:
+   the graph's signature does not change, and no partitioner saves it for the backward as
+   a plain int, which AOTAutograd would count neither as a tensor nor as a SymInt. A call
+   with another extent still fails at run time, on the token tensor's size assert;
 3. a guard that evaluates to False under the hints raises ``ChunkError`` *before* anything is
    changed;
 4. afterwards no chunk symbol may remain anywhere (checked; an internal error otherwise).
@@ -168,10 +172,10 @@ def _concretize_graph(gm: torch.fx.GraphModule, sub: _Substitution, rep: Concret
                 new = subst_value(value, mapping, sub.cache)
                 node.meta[key] = new
                 touched.add(node)
-                if (
-                    node.op == "call_function"
+                if _concrete(new) and (
+                    node.op == "placeholder"
+                    or node.op == "call_function"
                     and node.target in _PURE_SCALAR_OPS
-                    and _concrete(new)
                 ):
                     constants[node] = new
     for node, const in constants.items():

@@ -70,7 +70,8 @@ def chunk_inputs_from_marks(
     the descriptors come first).
 
     This is how ``autoparallel_backend(ep_chunk=...)`` finds the token arguments of a user's
-    own model: mark them (``hint=None``: the backend's graphs have static sizes) on the tensors
+    own model: mark them (``hint=N``: the token dim is one unbacked symbol in the backend's
+    graphs; ``hint=None``: static sizes) on the tensors
     the compiled module is first called with. ``config`` is returned unchanged when it already
     names ``chunk_inputs`` or when nothing is marked. Marks with different dims, or a marked
     input whose placeholder does not have its shape, raise ``ChunkError``.

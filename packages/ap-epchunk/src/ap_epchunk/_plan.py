@@ -151,8 +151,18 @@ def _unknown(node: torch.fx.Node, d: Unknown, what: str) -> ChunkError:
     """A refusal at the node where shape propagation first failed (with its source line),
     saying which value of which region needed it."""
     if d.origin is None:
-        return ChunkError(f"{what}: {d.reason}", node)
-    return ChunkError(f"{d.describe()}; {what}", d.origin)
+        return ChunkError(f"{what}: {d.reason}{_HINTED_ROUTE}", node)
+    return ChunkError(f"{d.describe()}; {what}{_HINTED_ROUTE}", d.origin)
+
+
+#: The way out of a static-mode refusal (only the static probe produces ``Unknown``).
+_HINTED_ROUTE = (
+    ". Static sizes cannot always tell the token dim from a constant (a loss's backward "
+    "expands to the full batch shape, a norm's backward to the full tangent): mark the token "
+    "inputs with ap_epchunk.mark_chunk_dim(t, dim, hint=t.shape[dim]) instead of hint=None, "
+    "before precompile (or the first compiled call), and the token dim is one unbacked symbol "
+    "that every batch-derived size follows"
+)
 
 
 #: Out-of-place accumulation into a shared buffer (a functionalized ``buf.add_(counts)``).

@@ -733,8 +733,9 @@ def build_shapes(
     if not hints:
         raise ChunkError(
             "no chunk dimension: mark the token inputs with ap_epchunk.mark_chunk_dim(x, dim, "
-            "hint=...) -- hint=N before trace_joint (a hinted unbacked dim), hint=None before "
-            "calling a module compiled with autoparallel_backend(ep_chunk=...) (static sizes) -- "
-            "or name the token placeholders in ChunkConfig.chunk_inputs"
+            "hint=x.shape[dim]) before trace_joint, precompile or the first call of a module "
+            "compiled with autoparallel_backend(ep_chunk=...) (a hinted unbacked dim; "
+            "hint=None keeps static sizes), or name the token placeholders in "
+            "ChunkConfig.chunk_inputs"
         )
     return SymbolicShapes(num_chunks, hints)

@@ -110,9 +110,19 @@ def backward_provenance() -> Iterator[None]:
             _inside.depth -= 1
 
 
-def _fakeify(args: Any, fake_mode: Any) -> Any:
+def fake_chunk_inputs(args: Any, fake_mode: Any) -> Any:
+    """``args`` with every tensor leaf made a fake tensor of ``fake_mode`` (which must have a
+    ``ShapeEnv``): dims marked with ``mark_chunk_dim(..., hint=N)`` become one unbacked SymInt
+    per hint (size-like, at least 2, optimization hint ``N``; inputs marked with the same hint
+    share it), every other dim stays static.
+
+    Why shared and unbacked: the chunk pass reads "carries the chunk dim" off the symbol, so
+    the tokens and the targets of one batch must be the same symbol, and an unbacked one never
+    specialises on a guard (a backed symbol would be replaced by its hint at the first
+    comparison, and chunk influence with it)."""
     shape_env = fake_mode.shape_env
-    assert shape_env is not None
+    if shape_env is None:
+        raise ValueError("fake_chunk_inputs: the fake mode has no ShapeEnv")
     symbols: dict[int, torch.SymInt] = {}
 
     def one(t: Any) -> Any:
@@ -140,7 +150,7 @@ def trace_joint(step: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
     require_callable(step, where="trace_joint", arg="step")
     require_internals()
     fake_mode = fake_tensor_mode(ShapeEnv())
-    fake_args = _fakeify(args, fake_mode)
+    fake_args = fake_chunk_inputs(args, fake_mode)
     # make_fx runs under the inputs' fake mode so factory ops inside ``step`` are fake too;
     # on torch 2.13 this is what needs the pending-symbol fix (see ``_compat``)
     with backward_provenance(), fx_traceback.preserve_node_meta(), fake_mode:
