@@ -25,7 +25,7 @@ from ap_epchunk import (
     ChunkError,
     _concretize,
     _passes,
-    _shapes,
+    _static_shapes,
     _tracing,
     chunk_pass,
     concretize_chunk_symbols,
@@ -159,7 +159,7 @@ def test_probe_silences_the_fake_tensor_logger_only_inside(
     previous = logger.level
     logger.setLevel(logging.INFO)
     seen: list[int] = []
-    probe_all = _shapes.StaticShapes._probe_all
+    probe_all = _static_shapes.StaticShapes._probe_all
 
     def spy(self: Any, graph: torch.fx.Graph) -> None:
         seen.append(logger.level)
@@ -167,7 +167,7 @@ def test_probe_silences_the_fake_tensor_logger_only_inside(
             raise Boom
         probe_all(self, graph)
 
-    monkeypatch.setattr(_shapes.StaticShapes, "_probe_all", spy)
+    monkeypatch.setattr(_static_shapes.StaticShapes, "_probe_all", spy)
     try:
         with pytest.raises(Boom) if fails else contextlib.nullcontext():
             chunk_pass(static_graph, STATIC)

@@ -28,12 +28,14 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
-from ap_tags.graph import is_collective, is_getitem, is_reduce_scatter, is_wait, op_overload
+from ap_tags.graph import is_collective, is_getitem, is_reduce_scatter, is_wait
 
+from ._body_checks import check_body_node, unknown_refusal
+from ._chunk_dims import MULTI, ChunkShapes, Unknown
 from ._compat import all_reduce_op
 from ._errors import ChunkError, source_of
+from ._region_collectives import check_collectives
 from ._regions import Region
-from ._shapes import MULTI, ChunkShapes, Unknown, size_arg_positions
 from ._symbols import free_symbols
 
 aten = torch.ops.aten
@@ -132,12 +134,6 @@ def semantic_users(node: torch.fx.Node) -> list[torch.fx.Node]:
     return [u for u in node.users if not is_dead_getitem(u)]
 
 
-def is_all_to_all(node: torch.fx.Node) -> bool:
-    """The EP token exchange (``all_to_all_single``): what chunking exists to overlap."""
-    op = op_overload(node)
-    return op is not None and str(op._schema.name).endswith("::all_to_all_single")
-
-
 def _routable(value: torch.fx.Node, src: RegionPlan, dst: RegionPlan, shapes: ChunkShapes) -> bool:
     """Chunk ``i`` of ``value`` (computed in ``src``) may feed chunk ``i`` of ``dst``."""
     if value in src.chains or value in src.followers:
@@ -145,24 +141,6 @@ def _routable(value: torch.fx.Node, src: RegionPlan, dst: RegionPlan, shapes: Ch
     if isinstance(shapes.dim(value), int):
         return True
     return src.root == dst.root and not src.backward and dst.backward
-
-
-def _unknown(node: torch.fx.Node, d: Unknown, what: str) -> ChunkError:
-    """A refusal at the node where shape propagation first failed (with its source line),
-    saying which value of which region needed it."""
-    if d.origin is None:
-        return ChunkError(f"{what}: {d.reason}{_HINTED_ROUTE}", node)
-    return ChunkError(f"{d.describe()}; {what}{_HINTED_ROUTE}", d.origin)
-
-
-#: The way out of a static-mode refusal (only the static probe produces ``Unknown``).
-_HINTED_ROUTE = (
-    ". Static sizes cannot always tell the token dim from a constant (a loss's backward "
-    "expands to the full batch shape, a norm's backward to the full tangent): mark the token "
-    "inputs with ap_epchunk.mark_chunk_dim(t, dim, hint=t.shape[dim]) instead of hint=None, "
-    "before precompile (or the first compiled call), and the token dim is one unbacked symbol "
-    "that every batch-derived size follows"
-)
 
 
 #: Out-of-place accumulation into a shared buffer (a functionalized ``buf.add_(counts)``).
@@ -237,7 +215,7 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
                         node,
                     )
                 elif isinstance(d, Unknown):
-                    raise _unknown(
+                    raise unknown_refusal(
                         node,
                         d,
                         f"so {where} cannot tell where its live-in {inp.name!r} carries the "
@@ -258,7 +236,7 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
                     "live-in; interleaved regions are not supported",
                     node,
                 )
-            _check_body_node(node, region.root, shapes)
+            check_body_node(node, region.root, shapes)
             body.add(node)
             rp.body.append(node)
             plan.owner[node] = rp
@@ -292,79 +270,6 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
         ):
             rp.followers.add(node)  # computed from a buffer's running value only
     return rp
-
-
-def _check_body_node(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> None:
-    d = shapes.dim(node)
-    if d is MULTI:
-        raise ChunkError(
-            f"sequence chunking across attention is not supported: in region {root!r} this "
-            "value carries the chunk dim in more than one dim, so its chunks would need tokens "
-            "of other chunks (full K/V)",
-            node,
-        )
-    if isinstance(d, Unknown):
-        raise _unknown(node, d, f"so this op of region {root!r} cannot be chunked")
-    if node.target is aten.as_strided.default:
-        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
-        if offset is not None:
-            raise ChunkError(
-                f"as_strided with an explicit storage offset ({offset}) in chunked region "
-                f"{root!r}: the offset addresses the full tensor's storage, a chunk lives at "
-                f"another offset ({source_of(node)})",
-                node,
-            )
-    if shapes.mode == "symbolic" and isinstance(node.meta.get("val"), torch.Tensor):
-        if d is None:
-            _check_baked_sizes(node, root, shapes)
-        elif isinstance(d, int):
-            _check_baked_chunk_entry(node, d, root, shapes)
-
-
-def _check_baked_sizes(node: torch.fx.Node, root: str, shapes: ChunkShapes) -> None:
-    """A size list of Python constants on an op whose input carries the chunk dim and whose
-    output does not: the traced extent was baked into the graph (``x.view(4, 3)`` instead of
-    ``x.view(-1, 3)``), and every chunk would be asked for the full size."""
-    positions = size_arg_positions(node)
-    if not positions:
-        return
-    inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
-    if not any(isinstance(shapes.dim(a), int) for a in inputs):
-        return
-    hints = shapes.symbol_hints()
-    sizes = [node.args[i] for i in positions if i < len(node.args)]
-    consts = [s for size in sizes if isinstance(size, (list, tuple)) for s in size]
-    baked = [c for c in consts if type(c) is int and c in hints.values()]
-    what = f"the constant {baked[0]}" if baked else f"the constant size {sizes[0]}"
-    raise ChunkError(
-        f"{what} is baked into this op of chunked region {root!r}: its input carries the "
-        f"chunk dim (hinted extent {sorted(hints.values())}) but its output "
-        f"{list(node.meta['val'].shape)} does not, so every chunk would ask for the full "
-        "extent; use -1 or the input's own size (x.shape[i]) so the chunk extent flows through "
-        f"({source_of(node)})",
-        node,
-    )
-
-
-def _check_baked_chunk_entry(node: torch.fx.Node, d: int, root: str, shapes: ChunkShapes) -> None:
-    """The output carries the chunk dim at ``d``, but a size list says a Python constant there:
-    each chunk copy would ask for that constant (the full extent) and fail at run time (``shape
-    '[4, 3]' is invalid for input of size 6``). Only a size derived from the chunk extent (a
-    SymInt, divided per chunk) is sound at the chunk dim."""
-    rank = node.meta["val"].dim()
-    for i in size_arg_positions(node):
-        sizes = node.args[i] if i < len(node.args) else None
-        if not isinstance(sizes, (list, tuple)) or len(sizes) != rank:
-            continue
-        entry = sizes[d]
-        if type(entry) is int and entry != -1:
-            raise ChunkError(
-                f"the constant {entry} is baked into this op of chunked region {root!r} at the "
-                f"chunk dim {d} of its size {list(sizes)}: every chunk would ask for the full "
-                "extent; use -1 or the input's own size (x.shape[i]) so the chunk extent flows "
-                f"through ({source_of(node)})",
-                node,
-            )
 
 
 #: Single-input ops a summed live-out may be reached through and that commute with the sum of
@@ -536,48 +441,5 @@ def make_plan(regions: list[Region], shapes: ChunkShapes, early_grad_accumulatio
                         node,
                     )
         _plan_live_outs(rp, plan, shapes, early_grad_accumulation)
-    _check_collectives(plan)
+    check_collectives(plan)
     return plan
-
-
-def collective_name(node: torch.fx.Node) -> str:
-    op = op_overload(node)
-    return str(op._schema.name).split("::")[-1] if op is not None else str(node.target)
-
-
-def region_collectives(rp: RegionPlan) -> tuple[int, list[str]]:
-    """``(all-to-alls chunked, collectives kept whole with why)`` of one planned region."""
-    replayed = {p for m in rp.materialize for p in m.chain}
-    exchanges = sum(1 for n in rp.body if is_collective(n) and is_all_to_all(n))
-    whole = [
-        f"{collective_name(n)}: replayed once on the summed chunk partials"
-        for n in rp.body
-        if is_collective(n) and n in replayed
-    ]
-    whole += [
-        f"{collective_name(n)}: not influenced by the chunk dim, shared by every chunk"
-        for n in rp.shared_collectives
-    ]
-    return exchanges, whole
-
-
-def _check_collectives(plan: Plan) -> None:
-    """The collective policy: a chunk body may run EP all-to-alls (one per chunk: what
-    chunking exists to overlap). Any other collective in a body would silently become N
-    collectives over partial values (a data-parallel ``all_reduce``, a TP all-gather); it is
-    refused unless it is part of a suffix early accumulation replays once on the full value
-    (gradient all-reduce / reduce-scatter after the partials are summed)."""
-    for rp in plan.regions:
-        replayed = {p for m in rp.materialize for p in m.chain}
-        for node in rp.body:
-            if is_collective(node) and not is_all_to_all(node) and node not in replayed:
-                op = op_overload(node)
-                name = str(op._schema.name) if op is not None else str(node.target)
-                raise ChunkError(
-                    f"collective {name} inside chunked region {rp.root!r} "
-                    f"({'backward' if rp.backward else 'forward'}) would run once per chunk on "
-                    "partial values; only EP all-to-alls (all_to_all_single) are chunked. Move it "
-                    "out of the region (gradient collectives run once on the summed partials "
-                    f"with early_grad_accumulation=True) ({source_of(node)})",
-                    node,
-                )

@@ -26,6 +26,7 @@ from ap_tags import (
 )
 from ap_tags.graph import is_collective, is_wait
 
+from ._chunk_dims import ChunkShapes
 from ._compat import fresh_unbacked_like, materialize_symints, shape_env_of, tree_leaves, tree_map
 from ._config import ChunkReport, RegionSummary
 from ._plan import (
@@ -34,9 +35,9 @@ from ._plan import (
     RegionPlan,
     is_dead_getitem,
     is_mutating,
-    region_collectives,
 )
-from ._shapes import ChunkShapes, SymbolicShapes
+from ._region_collectives import region_collectives
+from ._shapes import SymbolicShapes
 from ._symbols import SymMap, free_symbols, subst_scalar, subst_value
 
 aten = torch.ops.aten
