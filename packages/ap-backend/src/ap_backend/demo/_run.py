@@ -63,6 +63,7 @@ def build_spec(opts: DemoOptions) -> TrainSpec:
     model = ModelConfig(
         n_layers=opts.layers,
         moe=opts.chunk,
+        ep=opts.chunk,
         attention=opts.attention,  # type: ignore[arg-type]
         batch=4 if opts.chunk else 2,
     )

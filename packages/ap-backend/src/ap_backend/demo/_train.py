@@ -70,6 +70,11 @@ def _model(spec: TrainSpec, sharding: Sharding) -> nn.Module:
     """The model every run starts from (same seed, same weights): sharded by the model kit,
     or built unsharded and handed to SimpleFSDP."""
     if spec.fsdp == "simple":
+        if spec.model.ep:
+            raise ValueError(
+                "TrainSpec: fsdp='simple' cannot run the expert-parallel MoE (ModelConfig.ep); "
+                "use fsdp='ap'"
+            )
         return simple_fsdp(Transformer(spec.model, single_rank_sharding()), sharding.world_size)
     return Transformer(spec.model, sharding)
 
@@ -213,6 +218,16 @@ def _mark_token_inputs(kwargs: dict[str, Any], batch: tuple[torch.Tensor, ...]) 
         mark_chunk_dim(t, 0, hint=None)
 
 
+def _region(region: Any) -> dict[str, Any]:
+    """One chunked region of an ``ap_epchunk.ChunkReport``, as plain values."""
+    return {
+        "root": str(region.root),
+        "backward": bool(region.backward),
+        "all_to_alls": int(region.all_to_alls),
+        "whole_collectives": [str(w) for w in region.whole_collectives],
+    }
+
+
 def _run_variant(
     spec: TrainSpec,
     sharding: Sharding,
@@ -255,6 +270,7 @@ def _run_variant(
         out["fell_back"] = [bool(getattr(r, "fell_back", False)) for r in backend.partition_reports]
         out["buckets"] = [int(getattr(s, "buckets", 0)) for s in backend.bucketing_stats]
         out["chunk_reports"] = len(backend.chunk_reports)
+        out["chunk_regions"] = [_region(r) for rep in backend.chunk_reports for r in rep.regions]
         out["backend_compile_s"] = sum(backend.compile_seconds)
         out["inner_compiles"] = backend.inner_compiles
     assert len(names) == len(grads[0])
