@@ -113,6 +113,7 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
         "replay_fell_back": any(v["fell_back"]),
         "buckets_formed": sum(v["buckets"]),
         "chunked_regions_reports": v["chunk_reports"],
+        "expert_parallel": _expert_parallel(opts, v) if opts.chunk else None,
         "compile_s": {
             "precompile": v["precompile_s"],
             "backend": v["backend_compile_s"],
@@ -121,6 +122,43 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
         "step_s": {"eager": r0["eager"]["step_s"], "compiled": v["step_s"]},
         "wall_s": wall_s,
     }
+
+
+def _expert_parallel(opts: DemoOptions, v: dict[str, Any]) -> dict[str, Any]:
+    """The MoE's token exchange, from what the backend compiled: ``before`` is the
+    all-to-alls in one MoE layer's region body as the chunk pass found it (its
+    ``ChunkReport``), ``after`` the all-to-alls per MoE layer in the partitioned graphs handed
+    to Inductor (the backend's ``inner_compiles``), ``per_chunk`` = after / chunks."""
+    model = build_spec(opts).model
+    chunk = build_spec(opts).variants[0].backend_kwargs["ep_chunk"]
+    regions = v["chunk_regions"]
+    layers = model.n_layers
+    out: dict[str, Any] = {
+        "ranks": opts.ranks,
+        "experts": model.n_experts,
+        "experts_per_rank": model.n_experts // opts.ranks,
+        "top_k": model.top_k,
+        "moe_layers": layers,
+        "num_chunks": chunk.num_chunks,
+        "chunked_regions": len(regions),
+        "whole_collectives": sorted({w for r in regions for w in r["whole_collectives"]}),
+    }
+    for direction, backward in (("forward", False), ("backward", True)):
+        before = [r["all_to_alls"] for r in regions if r["backward"] == backward]
+        compiled = sum(
+            c["collectives"].get("all_to_all_single", 0)
+            for c in v["inner_compiles"]
+            if c["is_backward"] == backward
+        )
+        after = compiled / layers if layers else 0.0
+        out[f"all_to_alls_{direction}"] = {
+            "regions": len(before),
+            "before": max(before) if before else 0,
+            "after": after,
+            "per_chunk": after / chunk.num_chunks,
+            "compiled_total": compiled,
+        }
+    return out
 
 
 def run_demo(opts: DemoOptions, json_path: str | None = None) -> dict[str, Any]:
