@@ -15,7 +15,14 @@ from ap_backend.demo._spawn import spawn_ranks
 from ap_backend.demo._train import TrainSpec, Variant, run_rank
 from ap_backend.models import ModelConfig
 
-__all__ = ["DEMO_AC_STAGE_GIB", "DemoOptions", "build_spec", "run_demo", "summarize"]
+__all__ = [
+    "DEMO_AC_STAGE_GIB",
+    "DemoOptions",
+    "build_spec",
+    "expert_parallel_summary",
+    "run_demo",
+    "summarize",
+]
 
 #: AC stage size for the demo model: ~32 KiB, i.e. a few stages per layer of this tiny model
 #: ("auto" = sqrt(total GiB) GiB would make the whole model one stage).
@@ -26,7 +33,8 @@ DEMO_AC_STAGE_GIB = 3e-5
 class DemoOptions:
     """What ``ap-backend demo`` runs: model depth, steps, gloo ranks, which passes are on
     (``ac``: AC staging in both compilations; ``bucketing``: ap-bucketing + overlap scheduling;
-    ``chunk``: the MoE model with ``layers.*.moe`` chunked in two along tokens) and the FSDP
+    ``chunk``: the MoE model with real expert parallelism, ``n_experts / ranks`` experts per
+    rank and tokens exchanged all-to-all, ``layers.*.moe`` chunked in two along tokens) and the FSDP
     engine (``fsdp``: ``"ap"``, the model kit's all-gathers, or ``"simple"``, torchtitan's
     SimpleFSDP with DTensor parameters)."""
 
@@ -113,7 +121,7 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
         "replay_fell_back": any(v["fell_back"]),
         "buckets_formed": sum(v["buckets"]),
         "chunked_regions_reports": v["chunk_reports"],
-        "expert_parallel": _expert_parallel(opts, v) if opts.chunk else None,
+        "expert_parallel": expert_parallel_summary(opts, v) if opts.chunk else None,
         "compile_s": {
             "precompile": v["precompile_s"],
             "backend": v["backend_compile_s"],
@@ -124,13 +132,13 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
     }
 
 
-def _expert_parallel(opts: DemoOptions, v: dict[str, Any]) -> dict[str, Any]:
-    """The MoE's token exchange, from what the backend compiled: ``before`` is the
+def expert_parallel_summary(opts: DemoOptions, v: dict[str, Any]) -> dict[str, Any]:
+    """``--chunk``: the expert-parallel MoE's token exchange in the variant result ``v``, from what the backend compiled: ``before`` is the
     all-to-alls in one MoE layer's region body as the chunk pass found it (its
     ``ChunkReport``), ``after`` the all-to-alls per MoE layer in the partitioned graphs handed
     to Inductor (the backend's ``inner_compiles``), ``per_chunk`` = after / chunks."""
-    model = build_spec(opts).model
-    chunk = build_spec(opts).variants[0].backend_kwargs["ep_chunk"]
+    spec = build_spec(opts)
+    model, chunk = spec.model, spec.variants[0].backend_kwargs["ep_chunk"]
     regions = v["chunk_regions"]
     layers = model.n_layers
     out: dict[str, Any] = {
