@@ -194,3 +194,13 @@ def test_joint_pass_in_aot_autograd_tags_and_keeps_numerics() -> None:
     assert report.stages >= 2 and report.must_save and report.prefer_recompute
     tagged = {n.name for n in joints[0].graph.nodes if "recompute" in n.meta}
     assert tagged == set(report.must_save) | set(report.prefer_recompute)
+
+
+def test_a_multi_output_op_is_never_a_saved_frontier(build: Any) -> None:
+    """A frontier where a tuple is alive saves its getitems, not the tuple: torch's min-cut
+    cannot save a ``MUST_SAVE`` tuple whose getitems it must recompute (the stable argsort ->
+    ``sort`` of an expert-parallel MoE failed the min-cut + AC partition that way)."""
+    gm, n = _joint(build, n_fwd=2)
+    report = mark_ac_stages(gm, stage_size_gib=NODE_BYTES / GIB)
+    assert "split" not in report.must_save
+    assert recompute_policy(n["split"]) is P.PREFER_RECOMPUTE
