@@ -53,6 +53,13 @@ def functorch_config_patch(changes: dict[str, Any]) -> contextlib.AbstractContex
     return patch
 
 
+def dynamo_config_patch(changes: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """``torch._dynamo.config.patch(changes)``: set for the block, restored on exit."""
+    config: Any = SUPPORT.attrs("torch._dynamo.config", ("patch",))
+    patch: contextlib.AbstractContextManager[Any] = config.patch(changes)
+    return patch
+
+
 # --------------------------------------------------------------------------- Inductor entry points
 
 
