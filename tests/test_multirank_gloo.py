@@ -7,10 +7,19 @@ One spawn runs all four configurations."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
-from ap_backend.demo import TrainSpec, Variant, run_rank, spawn_ranks
+from ap_backend.demo import (
+    DemoOptions,
+    TrainSpec,
+    Variant,
+    build_spec,
+    expert_parallel_summary,
+    run_rank,
+    spawn_ranks,
+)
 from ap_backend.models import ModelConfig
 from ap_bucketing import BucketingConfig
 
@@ -63,16 +72,25 @@ def test_bucketing_formed_buckets_forward_and_backward(ranks: list[dict[str, Any
 
 @pytest.mark.multirank
 @pytest.mark.slow
-def test_moe_with_ep_chunk_matches_eager_chunking() -> None:
-    from ap_epchunk import ChunkConfig
-
-    chunk = ChunkConfig(module_patterns=("layers.*.moe",), num_chunks=2)
-    spec = TrainSpec(
-        model=ModelConfig(n_layers=1, attention="matmul", moe=True, batch=4),
-        variants=(Variant("chunk", {"ep_chunk": chunk}),),
-        steps=2,
+def test_demo_chunk_job_is_real_expert_parallelism_chunked_per_exchange() -> None:
+    """``ap-backend demo --chunk``'s job (one layer, two steps, AC in both compilations, without
+    bucketing and the saved-set measurements): the MoE's experts are split over the 2 ranks
+    and exchange tokens with ``all_to_all_single`` -- 3 per layer forward (counts, dispatch,
+    combine), 2 backward -- and the backend runs each exchange once per chunk; losses and grads
+    match eager EP run chunk by chunk (``EagerChunked``). Also the numbers the demo table
+    prints."""
+    # bucketing off (the other multirank tests cover it; it doubles this test's compile time)
+    opts = DemoOptions(layers=1, steps=2, chunk=True, bucketing=False)
+    spec = dataclasses.replace(
+        build_spec(opts), measure_min_cut_ac=False, measure_plain=False, progress=False
     )
+    assert spec.model.moe and spec.model.ep
     for r in spawn_ranks(run_rank, 2, spec):
-        v = r["variants"]["chunk"]
+        v = r["variants"]["autoparallel"]
         assert v["chunk_reports"] == 1  # the joint graph was chunked once
         assert v["mismatches"] == [], v["mismatches"]
+        ep = expert_parallel_summary(opts, v)
+        assert (ep["experts_per_rank"], ep["chunked_regions"]) == (4, 2)
+        fw, bw = ep["all_to_alls_forward"], ep["all_to_alls_backward"]
+        assert (fw["before"], fw["after"], fw["per_chunk"]) == (3, 6, 3), fw
+        assert (bw["before"], bw["after"], bw["per_chunk"]) == (2, 4, 2), bw

@@ -52,3 +52,47 @@ def test_table_renders_every_number_of_the_summary() -> None:
     assert "3 (1,234 B)" in table and "2 (1,234 B)" in table
     assert "0 / 0 / 0 / 7 / 5" in table
     assert "| buckets formed (fw + bw)" in table and "| 4 " in table
+
+
+def test_table_reports_the_all_to_alls_per_moe_layer_before_and_after_chunking() -> None:
+    """``--chunk``: the expert-parallel rows, from ``summarize``'s ``expert_parallel`` (the
+    numbers a real run gives: tests/test_multirank_gloo.py checks those)."""
+    saved = {"count": 3, "bytes": 1234, "all_gather_outputs_saved": 0}
+    a2a = {"regions": 2, "before": 3, "after": 6.0, "per_chunk": 3.0, "compiled_total": 12}
+    summary = {
+        "options": DemoOptions(chunk=True).__dict__,
+        "steps": [{"step": 1, "loss_eager": 1.5, "loss_compiled": 1.25, "abs_diff": 0.25}],
+        "max_grad_rel_diff": 1e-7,
+        "saved": dict.fromkeys(
+            ("first_partition", "save_all", "min_cut_ac", "min_cut_ac_untagged", "plain_compile"),
+            saved,
+        ),
+        "buckets_formed": 4,
+        "expert_parallel": {
+            "ranks": 2,
+            "experts": 8,
+            "experts_per_rank": 4,
+            "top_k": 2,
+            "moe_layers": 2,
+            "num_chunks": 2,
+            "chunked_regions": 4,
+            "all_to_alls_forward": a2a,
+            "all_to_alls_backward": {**a2a, "before": 2, "after": 4.0, "per_chunk": 2.0},
+        },
+        "compile_s": {"precompile": 1.0, "backend": 2.0, "first_step": 3.0},
+    }
+    table = render_table(summary)
+    assert "chunk on (MoE, expert parallel)" in table
+    rows = {
+        cells[0]: cells[1]
+        for line in table.splitlines()[3:]
+        if len(cells := [c.strip() for c in line.strip().strip("|").split("|")]) == 2
+    }
+    assert rows["expert parallelism (experts per rank x ranks, top-k)"] == "4 x 2 = 8, top-2"
+    assert rows["MoE regions chunked (fw + bw) / MoE layers"] == "4 / 2"
+    fw = "all-to-alls per MoE layer, fw: before / after chunking (per chunk)"
+    bw = "all-to-alls per MoE layer, bw: before / after chunking (per chunk)"
+    assert rows[fw] == "3 / 6 (3 x 2 chunks)"
+    assert rows[bw] == "2 / 4 (2 x 2 chunks)"
+    del summary["expert_parallel"]  # chunk off: no such rows
+    assert "all-to-alls" not in render_table(summary)

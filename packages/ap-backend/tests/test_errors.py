@@ -189,6 +189,8 @@ for kwargs, exc, names in [
     ({"attention": "flash"}, ValueError, ("attention", "'flash'")),
     ({"attention": 3}, TypeError, ("attention", "str", "int")),
     ({"moe": True, "n_experts": 2, "top_k": 3}, ValueError, ("top_k", "3", "n_experts")),
+    ({"ep": True}, ValueError, ("ep=True", "moe=True")),
+    ({"moe": True, "ep": 1}, TypeError, ("ep", "bool", "int")),
 ]:
     CASES.append(
         Case(

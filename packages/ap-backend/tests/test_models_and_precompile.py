@@ -69,3 +69,20 @@ def test_is_all_gather_output_follows_views_only() -> None:
     relu = g.call_function(torch.ops.aten.relu.default, (t,))
     assert is_all_gather_output(wait) and is_all_gather_output(t)
     assert not is_all_gather_output(relu) and not is_all_gather_output(x)
+
+
+def test_expert_parallel_moe_holds_its_own_whole_experts(fake_pg: str) -> None:
+    """``ModelConfig(ep=True)``: each rank holds ``n_experts / world`` whole experts (not
+    FSDP-sharded; the router still is); a world the experts do not divide by is refused."""
+    from ap_backend.models import ExpertParallelMoE
+
+    cfg = ModelConfig(n_layers=1, moe=True, ep=True)
+    model = Transformer(cfg, Sharding.from_world())
+    moe = model.layers[0].moe
+    assert isinstance(moe, ExpertParallelMoE)
+    local = cfg.n_experts // FAKE_WORLD_SIZE
+    assert moe.w1.shape == (local, cfg.ffn_dim, cfg.dim)
+    assert moe.w2.shape == (local, cfg.dim, cfg.ffn_dim)
+    assert moe.router.weight.shape == (cfg.n_experts // FAKE_WORLD_SIZE, cfg.dim)  # FSDP shard
+    with pytest.raises(ValueError, match="n_experts 4 does not divide by the world size 8"):
+        Transformer(cfg.with_(n_experts=4, top_k=2), Sharding.from_world())

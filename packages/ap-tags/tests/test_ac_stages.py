@@ -194,3 +194,24 @@ def test_joint_pass_in_aot_autograd_tags_and_keeps_numerics() -> None:
     assert report.stages >= 2 and report.must_save and report.prefer_recompute
     tagged = {n.name for n in joints[0].graph.nodes if "recompute" in n.meta}
     assert tagged == set(report.must_save) | set(report.prefer_recompute)
+
+
+def test_a_multi_output_op_is_never_a_saved_frontier(build: Any) -> None:
+    """A frontier where a tuple is alive saves its getitems, not the tuple: torch's min-cut
+    cannot save a ``MUST_SAVE`` tuple whose getitems it must recompute (the stable argsort ->
+    ``sort`` of an expert-parallel MoE failed the min-cut + AC partition that way). Here the
+    least-memory point of the first stage is the tuple's own (nothing else alive there)."""
+    b = build()
+    x, tangent = b.ph("primals_1"), b.ph("tangents_1")
+    a = b.op(aten.relu.default, (x,), "a")
+    pair = b.op(aten.split.Tensor, (a, 2), "pair")
+    pair.meta["val"] = (torch.empty(2, 8), torch.empty(2, 8))
+    first = b.op(__import__("operator").getitem, (pair, 0), "first", (2, 8))
+    c = b.op(aten.relu.default, (first,), "c", (2, 8))
+    loss = b.op(aten.sum.default, (c,), "loss", ())
+    g0 = b.op(aten.mul.Tensor, (tangent, c), "g0", (2, 8))
+    g1 = b.op(aten.mul.Tensor, (g0, first), "g1", (2, 8))
+    gm = b.done(loss, g1)
+    report = mark_ac_stages(gm, stage_size_gib=NODE_BYTES / GIB)
+    assert "pair" not in report.must_save, report
+    assert recompute_policy(pair) is P.PREFER_RECOMPUTE

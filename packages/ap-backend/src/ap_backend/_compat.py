@@ -53,6 +53,13 @@ def functorch_config_patch(changes: dict[str, Any]) -> contextlib.AbstractContex
     return patch
 
 
+def dynamo_config_patch(changes: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """``torch._dynamo.config.patch(changes)``: set for the block, restored on exit."""
+    config: Any = SUPPORT.attrs("torch._dynamo.config", ("patch",))
+    patch: contextlib.AbstractContextManager[Any] = config.patch(changes)
+    return patch
+
+
 # --------------------------------------------------------------------------- Inductor entry points
 
 
@@ -280,15 +287,17 @@ def structured_tracing() -> bool:
 
 
 def load_functional_collectives() -> None:
-    """Make ``torch.ops._c10d_functional.{all_gather_into_tensor,wait_tensor}`` usable.
+    """Make ``torch.ops._c10d_functional.{all_gather_into_tensor,all_to_all_single,wait_tensor}``
+    usable.
 
     Importing ``torch.distributed._functional_collectives`` registers the ops' autograd (the
-    backward of an all-gather is a reduce-scatter of the gradient). Called when a sharded model
-    is built, never inside traced code.
+    backward of an all-gather is a reduce-scatter of the gradient, that of an all-to-all the
+    all-to-all with the split sizes swapped). Called when a sharded model is built, never
+    inside traced code.
     """
     SUPPORT.module("torch.distributed._functional_collectives")
     ns: Any = torch.ops._c10d_functional
-    for name in ("all_gather_into_tensor", "wait_tensor"):
+    for name in ("all_gather_into_tensor", "all_to_all_single", "wait_tensor"):
         try:
             getattr(ns, name)
         except (AttributeError, RuntimeError) as exc:
@@ -302,3 +311,33 @@ def all_gather_wait(shard: torch.Tensor, world_size: int, group_name: str) -> to
     ns: Any = torch.ops._c10d_functional
     full: torch.Tensor = ns.wait_tensor(ns.all_gather_into_tensor(shard, world_size, group_name))
     return full
+
+
+def all_to_all_wait(
+    x: torch.Tensor, output_splits: list[int], input_splits: list[int], group_name: str
+) -> torch.Tensor:
+    """``wait_tensor(all_to_all_single(x, output_splits, input_splits, group_name))``: the EP
+    token exchange as torchtitan's ``AllToAllTokenDispatcher`` issues it under compile (split
+    sizes may be unbacked SymInts read with ``.tolist()``); autograd runs the exchange back with
+    the splits swapped (checked by :func:`load_functional_collectives` beforehand)."""
+    ns: Any = torch.ops._c10d_functional
+    out: torch.Tensor = ns.wait_tensor(
+        ns.all_to_all_single(x, output_splits, input_splits, group_name)
+    )
+    return out
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm(a, b, offs=offs)``: rows ``offs[i-1]:offs[i]`` of the 2-D ``a`` times
+    the 3-D ``b[i]`` (one group per local expert; ``offs`` int32 cumulative row counts), the
+    op torchtitan's ``GroupedExperts`` uses (CPU fp32 included; checked by
+    :func:`require_grouped_mm` beforehand)."""
+    out: torch.Tensor = torch._grouped_mm(a, b, offs=offs)
+    return out
+
+
+def require_grouped_mm() -> None:
+    """Raise :class:`UnsupportedTorchError` unless this torch has ``torch._grouped_mm`` (checked
+    when an expert-parallel model is built, so :func:`grouped_mm` itself is a plain call that
+    Dynamo traces)."""
+    SUPPORT.attr("torch", "_grouped_mm")

@@ -104,11 +104,15 @@ def _recording_default_partition(
     return fw, bw
 
 
-def _retraceable(compiler: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiler`` after :func:`~ap_backend._trace.reshape_views` (see ``_trace``)."""
+def _retraceable(compiler: Callable[..., Any], backward: bool = False) -> Callable[..., Any]:
+    """``compiler`` after :func:`~ap_backend._trace.reshape_views` (see ``_trace``); for the
+    backward also after ``ap_epchunk.tag_recomputed_module_fqns`` (the forward ops AC made the
+    partition recompute there belong to their module's backward region in ``ep_chunk``)."""
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         reshape_views(gm)
+        if backward:
+            ap_epchunk.tag_recomputed_module_fqns(gm.graph)
         return compiler(gm, example_inputs)
 
     return compile_graph
@@ -159,7 +163,9 @@ def _first_compilation(
                 jd,
                 partition_fn=functools.partial(_recording_default_partition, summaries),
                 fw_compiler=_retraceable(ap_tags.preserve_meta_compiler(tag_forward=True)),
-                bw_compiler=_retraceable(ap_tags.preserve_meta_compiler(tag_forward=False)),
+                bw_compiler=_retraceable(
+                    ap_tags.preserve_meta_compiler(tag_forward=False), backward=True
+                ),
             )
     if len(summaries) != 1:
         raise RuntimeError(

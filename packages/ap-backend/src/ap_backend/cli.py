@@ -84,7 +84,10 @@ def _parser() -> _Parser:
         "--chunk",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="MoE model with EP chunking of layers.*.moe (off)",
+        help=(
+            "MoE model with real expert parallelism (experts split over the ranks, tokens "
+            "exchanged all-to-all), layers.*.moe chunked in 2 along tokens (off)"
+        ),
     )
     demo.add_argument(
         "--fsdp",

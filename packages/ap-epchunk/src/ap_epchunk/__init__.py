@@ -21,7 +21,7 @@ from ._eager import EagerChunked
 from ._errors import ChunkError
 from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
-from ._regions import tag_backward_module_fqns
+from ._regions import tag_backward_module_fqns, tag_recomputed_module_fqns
 from ._tracing import fake_chunk_inputs, trace_joint
 
 __version__: str = _distribution_version("ap-epchunk")
@@ -44,5 +44,6 @@ __all__ = [
     "fake_chunk_inputs",
     "mark_chunk_dim",
     "tag_backward_module_fqns",
+    "tag_recomputed_module_fqns",
     "trace_joint",
 ]

@@ -141,6 +141,35 @@ def tag_backward_module_fqns(graph: torch.fx.Graph) -> int:
     return stamped
 
 
+#: ``partitioner_tag`` values AOTAutograd puts on forward ops; in a backward graph they mark
+#: the forward ops the partition recomputed there.
+_FORWARD_TAGS = ("is_forward", "must_be_in_forward")
+
+
+def tag_recomputed_module_fqns(graph: torch.fx.Graph) -> int:
+    """Stamp the forward ops a first partition recomputed in its backward graph (activation
+    checkpointing) with their own module FQN, under the key :func:`tag_backward_module_fqns`
+    uses, so ``chunk_pass`` puts them in their module's backward region when the graph is
+    retraced (unstamped, they would sit outside it, and a region value they read that has no
+    chunk dim -- the rows an expert-parallel exchange received -- could not reach them).
+    ``ap_backend.precompile`` calls it on the first compilation's backward graph. Returns how
+    many nodes were stamped."""
+    stamped = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.meta.get("partitioner_tag") not in _FORWARD_TAGS:
+            continue
+        if _stamped_fqn(node) is not None:
+            continue
+        fqn = _custom_fqn(node)
+        if fqn is None:
+            continue
+        custom = node.meta.get(CUSTOM)
+        own = dict(custom) if isinstance(custom, dict) else {}  # shared with the joint node
+        node.meta[CUSTOM] = {**own, BACKWARD_FQN: fqn}
+        stamped += 1
+    return stamped
+
+
 def root_of(fqn: str, patterns: Iterable[str]) -> str | None:
     """The prefix of ``fqn`` matched by the first pattern that matches one, else None."""
     parts = fqn.split(".")

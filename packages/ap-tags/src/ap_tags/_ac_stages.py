@@ -136,13 +136,16 @@ def mark_ac_stages(
         and not _is_functional_collective(n)
     ]
     # Values the pass may save: everything but forced recomputes, user regions and collectives
-    # (torch pins the latter itself).
+    # (torch pins the latter itself), and multi-output ops: their tuple is no tensor to save
+    # (torch's min-cut refuses a MUST_SAVE tuple whose getitems it must recompute, e.g. the
+    # ``sort`` of an expert-parallel MoE's stable argsort); their getitems are saved instead.
     savable = [
         n
         for n in candidates
         if existing[n][0] is not policy.MUST_RECOMPUTE
         and not is_user(n)
         and not _is_functional_collective(n)
+        and not isinstance(n.meta.get("val"), list | tuple)
     ]
     sizes = [node_nbytes(n) for n in savable]
     total = sum(sizes)

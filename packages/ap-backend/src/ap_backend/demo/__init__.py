@@ -16,14 +16,22 @@ tests and the end-to-end benchmark all drive it through these names:
   SimpleFSDP (``TrainSpec(fsdp="simple")``, ``ap-backend demo --fsdp simple``); torchtitan is
   imported only then.
 * :class:`DemoOptions` / :func:`build_spec` / :func:`run_demo` / :func:`summarize` /
-  :func:`render_table` -- what ``ap-backend demo`` runs and prints::
+  :func:`render_table` (:func:`expert_parallel_summary`: ``--chunk``'s all-to-alls per MoE
+  layer) -- what ``ap-backend demo`` runs and prints::
 
       from ap_backend.demo import DemoOptions, render_table, run_demo
 
       print(render_table(run_demo(DemoOptions(layers=2, steps=2))))
 """
 
-from ap_backend.demo._run import DEMO_AC_STAGE_GIB, DemoOptions, build_spec, run_demo, summarize
+from ap_backend.demo._run import (
+    DEMO_AC_STAGE_GIB,
+    DemoOptions,
+    build_spec,
+    expert_parallel_summary,
+    run_demo,
+    summarize,
+)
 from ap_backend.demo._simple_fsdp import require_simple_fsdp, simple_fsdp
 from ap_backend.demo._spawn import RankError, free_port, spawn_ranks
 from ap_backend.demo._table import render_table
@@ -36,6 +44,7 @@ __all__ = [
     "TrainSpec",
     "Variant",
     "build_spec",
+    "expert_parallel_summary",
     "free_port",
     "render_table",
     "require_simple_fsdp",

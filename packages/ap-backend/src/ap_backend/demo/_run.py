@@ -15,7 +15,14 @@ from ap_backend.demo._spawn import spawn_ranks
 from ap_backend.demo._train import TrainSpec, Variant, run_rank
 from ap_backend.models import ModelConfig
 
-__all__ = ["DEMO_AC_STAGE_GIB", "DemoOptions", "build_spec", "run_demo", "summarize"]
+__all__ = [
+    "DEMO_AC_STAGE_GIB",
+    "DemoOptions",
+    "build_spec",
+    "expert_parallel_summary",
+    "run_demo",
+    "summarize",
+]
 
 #: AC stage size for the demo model: ~32 KiB, i.e. a few stages per layer of this tiny model
 #: ("auto" = sqrt(total GiB) GiB would make the whole model one stage).
@@ -26,7 +33,8 @@ DEMO_AC_STAGE_GIB = 3e-5
 class DemoOptions:
     """What ``ap-backend demo`` runs: model depth, steps, gloo ranks, which passes are on
     (``ac``: AC staging in both compilations; ``bucketing``: ap-bucketing + overlap scheduling;
-    ``chunk``: the MoE model with ``layers.*.moe`` chunked in two along tokens) and the FSDP
+    ``chunk``: the MoE model with real expert parallelism, ``n_experts / ranks`` experts per
+    rank and tokens exchanged all-to-all, ``layers.*.moe`` chunked in two along tokens) and the FSDP
     engine (``fsdp``: ``"ap"``, the model kit's all-gathers, or ``"simple"``, torchtitan's
     SimpleFSDP with DTensor parameters)."""
 
@@ -63,6 +71,7 @@ def build_spec(opts: DemoOptions) -> TrainSpec:
     model = ModelConfig(
         n_layers=opts.layers,
         moe=opts.chunk,
+        ep=opts.chunk,
         attention=opts.attention,  # type: ignore[arg-type]
         batch=4 if opts.chunk else 2,
     )
@@ -112,6 +121,7 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
         "replay_fell_back": any(v["fell_back"]),
         "buckets_formed": sum(v["buckets"]),
         "chunked_regions_reports": v["chunk_reports"],
+        "expert_parallel": expert_parallel_summary(opts, v) if opts.chunk else None,
         "compile_s": {
             "precompile": v["precompile_s"],
             "backend": v["backend_compile_s"],
@@ -120,6 +130,43 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
         "step_s": {"eager": r0["eager"]["step_s"], "compiled": v["step_s"]},
         "wall_s": wall_s,
     }
+
+
+def expert_parallel_summary(opts: DemoOptions, v: dict[str, Any]) -> dict[str, Any]:
+    """``--chunk``: the expert-parallel MoE's token exchange in the variant result ``v``, from what the backend compiled: ``before`` is the
+    all-to-alls in one MoE layer's region body as the chunk pass found it (its
+    ``ChunkReport``), ``after`` the all-to-alls per MoE layer in the partitioned graphs handed
+    to Inductor (the backend's ``inner_compiles``), ``per_chunk`` = after / chunks."""
+    spec = build_spec(opts)
+    model, chunk = spec.model, spec.variants[0].backend_kwargs["ep_chunk"]
+    regions = v["chunk_regions"]
+    layers = model.n_layers
+    out: dict[str, Any] = {
+        "ranks": opts.ranks,
+        "experts": model.n_experts,
+        "experts_per_rank": model.n_experts // opts.ranks,
+        "top_k": model.top_k,
+        "moe_layers": layers,
+        "num_chunks": chunk.num_chunks,
+        "chunked_regions": len(regions),
+        "whole_collectives": sorted({w for r in regions for w in r["whole_collectives"]}),
+    }
+    for direction, backward in (("forward", False), ("backward", True)):
+        before = [r["all_to_alls"] for r in regions if r["backward"] == backward]
+        compiled = sum(
+            c["collectives"].get("all_to_all_single", 0)
+            for c in v["inner_compiles"]
+            if c["is_backward"] == backward
+        )
+        after = compiled / layers if layers else 0.0
+        out[f"all_to_alls_{direction}"] = {
+            "regions": len(before),
+            "before": max(before) if before else 0,
+            "after": after,
+            "per_chunk": after / chunk.num_chunks,
+            "compiled_total": compiled,
+        }
+    return out
 
 
 def run_demo(opts: DemoOptions, json_path: str | None = None) -> dict[str, Any]:

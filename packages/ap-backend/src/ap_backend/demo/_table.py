@@ -11,6 +11,10 @@ def _kb(n: int) -> str:
     return f"{n:,} B"
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
 def render_table(s: dict[str, Any]) -> str:
     """A markdown table of every number in the summary, headed by the options line."""
     o = s["options"]
@@ -36,6 +40,29 @@ def render_table(s: dict[str, Any]) -> str:
     ag = " / ".join(str(s["saved"][k]["all_gather_outputs_saved"]) for k in labels)
     rows.append(("all-gather outputs saved (first / SaveAll / min-cut+AC / untagged / plain)", ag))
     rows.append(("buckets formed (fw + bw)", str(s["buckets_formed"])))
+    ep = s.get("expert_parallel")
+    if ep:
+        rows.append(
+            (
+                "expert parallelism (experts per rank x ranks, top-k)",
+                f"{ep['experts_per_rank']} x {ep['ranks']} = {ep['experts']}, top-{ep['top_k']}",
+            )
+        )
+        rows.append(
+            (
+                "MoE regions chunked (fw + bw) / MoE layers",
+                f"{ep['chunked_regions']} / {ep['moe_layers']}",
+            )
+        )
+        for direction, short in (("forward", "fw"), ("backward", "bw")):
+            a = ep[f"all_to_alls_{direction}"]
+            rows.append(
+                (
+                    f"all-to-alls per MoE layer, {short}: before / after chunking (per chunk)",
+                    f"{a['before']} / {_num(a['after'])} ({_num(a['per_chunk'])} x "
+                    f"{ep['num_chunks']} chunks)",
+                )
+            )
     c = s["compile_s"]
     rows.append(
         ("compile time: precompile / backend", f"{c['precompile']:.2f} s / {c['backend']:.2f} s")
@@ -46,7 +73,7 @@ def render_table(s: dict[str, Any]) -> str:
     head = (
         f"ap-backend demo: {o['ranks']} ranks (gloo), {o['layers']} layers, {o['steps']} steps, "
         f"AC {'on' if o['ac'] else 'off'}, bucketing {'on' if o['bucketing'] else 'off'}, "
-        f"chunk {'on' if o['chunk'] else 'off'}, "
+        f"chunk {'on (MoE, expert parallel)' if o['chunk'] else 'off'}, "
         f"FSDP {'torchtitan SimpleFSDP' if o.get('fsdp') == 'simple' else 'ap model kit'}"
     )
     lines = [head, f"| {'quantity'.ljust(width)} | {'value'.ljust(vwidth)} |"]

@@ -8,6 +8,7 @@ step the parameters take the same SGD update, so step ``k`` compares like with l
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -70,8 +71,23 @@ def _model(spec: TrainSpec, sharding: Sharding) -> nn.Module:
     """The model every run starts from (same seed, same weights): sharded by the model kit,
     or built unsharded and handed to SimpleFSDP."""
     if spec.fsdp == "simple":
+        if spec.model.ep:
+            raise ValueError(
+                "TrainSpec: fsdp='simple' cannot run the expert-parallel MoE (ModelConfig.ep); "
+                "use fsdp='ap'"
+            )
         return simple_fsdp(Transformer(spec.model, single_rank_sharding()), sharding.world_size)
     return Transformer(spec.model, sharding)
+
+
+def _scalar_reads_traced(spec: TrainSpec) -> contextlib.AbstractContextManager[Any]:
+    """Plain ``torch.compile`` of the expert-parallel model (no first compilation): Dynamo
+    traces the split sizes' ``.tolist()`` as unbacked symbols (``capture_scalar_outputs``,
+    torchtitan's setting for EP) instead of breaking the graph there, so the measured
+    partition is the whole step's."""
+    if spec.model.ep:
+        return _compat.dynamo_config_patch({"capture_scalar_outputs": True})
+    return contextlib.nullcontext()
 
 
 def _eager_model(spec: TrainSpec, sharding: Sharding, chunk: Any) -> nn.Module:
@@ -190,15 +206,17 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
             result["min_cut_ac"] = measure_saved(pm, batches[0], ac_stage_size_gib=stage).to_dict()
             torch.compiler.reset()
             plain = _model(spec, sharding)
-            result["min_cut_ac_untagged"] = measure_saved(
-                plain, batches[0], ac_stage_size_gib=stage
-            ).to_dict()
+            with _scalar_reads_traced(spec):
+                result["min_cut_ac_untagged"] = measure_saved(
+                    plain, batches[0], ac_stage_size_gib=stage
+                ).to_dict()
         if spec.measure_plain:
             torch.compiler.reset()
             _say(spec, rank, "measuring plain torch.compile's saved set (min-cut, no AC)")
-            result["plain_compile"] = measure_saved(
-                _model(spec, sharding), batches[0], partitioner="min_cut", enable_ac=False
-            ).to_dict()
+            with _scalar_reads_traced(spec):
+                result["plain_compile"] = measure_saved(
+                    _model(spec, sharding), batches[0], partitioner="min_cut", enable_ac=False
+                ).to_dict()
     return result
 
 
@@ -211,6 +229,16 @@ def _mark_token_inputs(kwargs: dict[str, Any], batch: tuple[torch.Tensor, ...]) 
 
     for t in batch:
         mark_chunk_dim(t, 0, hint=None)
+
+
+def _region(region: Any) -> dict[str, Any]:
+    """One chunked region of an ``ap_epchunk.ChunkReport``, as plain values."""
+    return {
+        "root": str(region.root),
+        "backward": bool(region.backward),
+        "all_to_alls": int(region.all_to_alls),
+        "whole_collectives": [str(w) for w in region.whole_collectives],
+    }
 
 
 def _run_variant(
@@ -255,6 +283,7 @@ def _run_variant(
         out["fell_back"] = [bool(getattr(r, "fell_back", False)) for r in backend.partition_reports]
         out["buckets"] = [int(getattr(s, "buckets", 0)) for s in backend.bucketing_stats]
         out["chunk_reports"] = len(backend.chunk_reports)
+        out["chunk_regions"] = [_region(r) for rep in backend.chunk_reports for r in rep.regions]
         out["backend_compile_s"] = sum(backend.compile_seconds)
         out["inner_compiles"] = backend.inner_compiles
     assert len(names) == len(grads[0])

@@ -1,9 +1,11 @@
 """A small FSDP-style model kit: sharded parameters all-gathered in forward with autograd-aware
-functional collectives, LLaMA-style dense blocks and an MoE variant (``layers.*.moe``)."""
+functional collectives, LLaMA-style dense blocks and an MoE variant (``layers.*.moe``), with or without expert
+parallelism (``ModelConfig(ep=True)``: experts over the ranks, tokens exchanged all-to-all)."""
 
 from ap_backend.models._fsdp import Sharding, gather, shard_param, single_rank_sharding
 from ap_backend.models._llama import (
     Attention,
+    ExpertParallelMoE,
     ModelConfig,
     MoE,
     RMSNorm,
@@ -16,6 +18,7 @@ from ap_backend.models._llama import (
 
 __all__ = [
     "Attention",
+    "ExpertParallelMoE",
     "ModelConfig",
     "MoE",
     "RMSNorm",

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ap_tags.checks import require_bool, require_instance, require_int
 from torch import nn
 
+from ap_backend import _compat
 from ap_backend.models._fsdp import Sharding, gather, shard_param
 
 
@@ -34,6 +35,9 @@ class ModelConfig:
     batch: int = 2
     attention: Literal["sdpa", "matmul"] = "sdpa"
     moe: bool = False
+    #: expert parallelism (needs ``moe``): each rank holds ``n_experts / world`` whole experts
+    #: and the MoE exchanges tokens with ``all_to_all_single`` (:class:`ExpertParallelMoE`)
+    ep: bool = False
     n_experts: int = 8
     top_k: int = 2
     seed: int = 0
@@ -45,6 +49,7 @@ class ModelConfig:
         for name in ("n_experts", "top_k", "seed"):
             require_int(getattr(self, name), where=where, arg=name)
         require_bool(self.moe, where=where, arg="moe")
+        require_bool(self.ep, where=where, arg="ep")
         require_instance(self.attention, str, where=where, arg="attention", expected="a str")
         if self.dim % self.n_heads != 0:
             raise ValueError(f"ModelConfig: n_heads {self.n_heads} must divide dim {self.dim}")
@@ -52,6 +57,8 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig: attention must be 'sdpa' or 'matmul', got {self.attention!r}"
             )
+        if self.ep and not self.moe:
+            raise ValueError("ModelConfig: ep=True needs moe=True (it shards the MoE's experts)")
         if self.moe and not 1 <= self.top_k <= self.n_experts:
             raise ValueError(
                 f"ModelConfig: top_k {self.top_k} must be between 1 and n_experts {self.n_experts}"
@@ -190,13 +197,121 @@ class MoE(nn.Module):
         return out
 
 
+class ExpertParallelMoE(nn.Module):
+    """Top-k routed experts with real expert parallelism over the sharding's group, the token
+    exchange of torchtitan's ``AllToAllTokenDispatcher`` (torch + functional collectives only):
+
+    1. route: softmax router (FSDP-sharded like every dense parameter), top-k, gates
+       renormalised over the k chosen experts; per-expert token counts of this rank;
+    2. reorder this rank's (token, expert) pairs by expert (stable ``argsort``);
+    3. ``all_to_all_single`` of the per-expert counts, then ``.tolist()`` of the input and
+       output split sizes (data-dependent: unbacked symbols when traced);
+    4. dispatch ``all_to_all_single`` with those uneven splits, then permute the received rows
+       from rank-major to local-expert-major;
+    5. the local experts' SwiGLU as three grouped matmuls (``torch._grouped_mm``);
+    6. unpermute, combine ``all_to_all_single`` (splits swapped), scale by the gates and
+       ``scatter_add`` back onto the tokens.
+
+    Each rank holds experts ``rank * e .. (rank + 1) * e - 1`` (``e = n_experts / world``) as
+    whole (e, ffn, dim) / (e, dim, ffn) parameters, not FSDP-sharded: their gradients come back
+    through the exchange's backward (two more all-to-alls). The full expert weights are drawn
+    from the seed exactly as :class:`MoE` draws them, so the other parameters initialise alike.
+    A world of 1 holds every expert and exchanges nothing."""
+
+    def __init__(self, cfg: ModelConfig, sharding: Sharding, gen: torch.Generator) -> None:
+        super().__init__()
+        world = sharding.world_size
+        if cfg.n_experts % world != 0:
+            raise ValueError(
+                f"ExpertParallelMoE: n_experts {cfg.n_experts} does not divide by the world "
+                f"size {world} (each rank holds n_experts / world experts)"
+            )
+        _compat.require_grouped_mm()
+        self.sharding = sharding
+        self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
+        self.router = ShardedLinear(cfg.dim, cfg.n_experts, sharding, gen)
+        e, f, d = cfg.n_experts, cfg.ffn_dim, cfg.dim
+        local = slice(sharding.rank * (e // world), (sharding.rank + 1) * (e // world))
+        self.w1 = nn.Parameter(_init((e * f, d), d, gen).view(e, f, d)[local].clone())
+        self.w3 = nn.Parameter(_init((e * f, d), d, gen).view(e, f, d)[local].clone())
+        self.w2 = nn.Parameter(_init((e * d, f), f, gen).view(e, d, f)[local].clone())
+
+    def _exchange(
+        self, x: torch.Tensor, output_splits: list[int], input_splits: list[int]
+    ) -> torch.Tensor:
+        sh = self.sharding
+        return _compat.all_to_all_wait(x, output_splits, input_splits, sh.group_name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` is (tokens, dim)."""
+        world, k = self.sharding.world_size, self.top_k
+        dim = x.shape[1]
+        scores = self.router(x).float().softmax(-1)
+        top_scores, top_ids = scores.topk(k, dim=-1)
+        top_scores = top_scores / top_scores.sum(-1, keepdim=True)
+        routing_map = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, top_ids, True)
+        counts = routing_map.sum(0)  # this rank's tokens per expert, (E,)
+        order = torch.argsort(top_ids.view(-1), stable=True)
+        sorted_scores = top_scores.view(-1)[order]
+        token_idx = order // k
+        routed = x[token_idx].to(self.w1.dtype)  # (T*k, D), expert-major
+        permuted: torch.Tensor | None = None
+        if world == 1:
+            local_counts = counts
+        else:
+            with torch.no_grad():
+                ones = [1] * world
+                received = self._exchange(counts.view(world, -1), ones, ones).reshape(-1)
+                input_splits: list[int] = counts.view(world, -1).sum(1).tolist()
+                output_splits: list[int] = received.view(world, -1).sum(1).tolist()
+            routed = self._exchange(routed, output_splits, input_splits)
+            permuted, local_counts = _rank_major_to_expert_major(received, world, routed.shape[0])
+            routed = routed[permuted]
+        offs = torch.cumsum(local_counts, dim=0, dtype=torch.int32)
+        h = F.silu(_compat.grouped_mm(routed, self.w1.transpose(-2, -1), offs))
+        h = h * _compat.grouped_mm(routed, self.w3.transpose(-2, -1), offs)
+        y = _compat.grouped_mm(h, self.w2.transpose(-2, -1), offs)
+        if permuted is not None:
+            unpermuted = y.new_empty(y.shape)
+            unpermuted[permuted, :] = y
+            y = self._exchange(unpermuted, input_splits, output_splits)
+        y = y.float() * sorted_scores.reshape(-1, 1)
+        index = token_idx.reshape(-1, 1).expand(-1, dim)
+        out: torch.Tensor = torch.zeros_like(x).scatter_add(0, index, y.to(x.dtype))
+        return out
+
+
+def _rank_major_to_expert_major(
+    received: torch.Tensor, world: int, total: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchtitan's ``AllToAllTokenDispatcher._permute``: ``received`` (world * e,) holds, for
+    each source rank, how many of its tokens each local expert gets (rank-major rows after the
+    dispatch); returns the row order that groups them by local expert, and the per-local-expert
+    totals."""
+    e = received.shape[0] // world
+    t_mat = received.view(world, e)
+    input_starts = (received.cumsum(0) - received).view(world, e).t().reshape(-1)
+    segment_lens = t_mat.t().reshape(-1)
+    seg_ids = torch.arange(segment_lens.shape[0], device=received.device).repeat_interleave(
+        segment_lens, output_size=total
+    )
+    output_starts = segment_lens.cumsum(0) - segment_lens
+    permuted = (
+        input_starts[seg_ids]
+        + torch.arange(seg_ids.shape[0], device=received.device)
+        - output_starts[seg_ids]
+    )
+    return permuted, t_mat.sum(0)
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, sharding: Sharding, gen: torch.Generator) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, sharding)
         self.attention = Attention(cfg, sharding, gen)
         self.ffn_norm = RMSNorm(cfg.dim, sharding)
-        self.moe: nn.Module | None = MoE(cfg, sharding, gen) if cfg.moe else None
+        moe = ExpertParallelMoE if cfg.ep else MoE
+        self.moe: nn.Module | None = moe(cfg, sharding, gen) if cfg.moe else None
         self.feed_forward: nn.Module | None = None if cfg.moe else SwiGLU(cfg, sharding, gen)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
