@@ -1,0 +1,342 @@
+"""Property test (#26): random expert-parallel MoE configs at 2 gloo ranks, every accepted graph
+RUN against eager.
+
+The MoE is torchtitan 0.3.0's own ``MoE`` (``TokenChoiceTopKRouter`` + ``RoutedExperts`` with
+``AllToAllTokenDispatcher``), its sharding config set by ``set_moe_sharding_config(enable_ep=
+True)`` and parallelized by ``MoE.parallelize(ParallelDims(dp_shard=2, ep=2))`` with the CPU
+substitutions of ``zoo.models.expert_parallel`` (each rank holds ``num_experts / 2`` experts as
+a DTensor ``Shard(0)``; the dispatcher exchanges per-expert counts, reads the split sizes with
+``.tolist()`` and dispatches / combines with ``all_to_all_single``).
+
+Per drawn example (both ranks draw the same list: :func:`draw_cases` with a fixed seed, in the
+parent): ``num_experts`` (even), ``top_k``, a per-expert ``capacity`` or none (dropless),
+``num_chunks`` in {1, 2, 4} dividing the batch, the batch and sequence length (tokens per rank),
+and a ``skew`` that biases the router (``MoE.expert_bias_E``, which only steers the top-k choice)
+so that every token of both ranks goes to rank 0's experts: rank 1 then *receives zero tokens*,
+in every chunk. The first example always covers that case.
+
+torchtitan's ``AllToAllTokenDispatcher`` has no capacity / token-drop knob, so the capacity
+variant is :class:`CapacityDispatcher` below: a subclass that drops, on the sending rank, every
+assignment beyond the first ``capacity`` of each expert (in token order), before the exchange.
+
+Each example trains 2 SGD steps three ways on each rank: eager EP (the reference), ``precompile``
++ ``autoparallel_backend(ep_chunk=ChunkConfig(("layers.*.moe",), num_chunks=N))`` through the
+documented token route (``mark_chunk_dim(t, 0, hint=None)``), and ``EagerChunked`` (each chunk
+routes and exchanges its own tokens, eagerly). fp32: loss rel 1e-5 and grads rel 1e-4 against
+``EagerChunked``, and against eager EP where chunking does not change the maths (dropless; a
+capacity drops per chunk, so there only ``num_chunks=1`` must equal eager EP). A refusal must be
+``ChunkError`` or ``PrecompileError``; a refused dropless top-k config fails the test.
+
+All examples run in ONE 2-rank spawn; ``AP_EP_PROPERTY_EXAMPLES`` sets how many (default
+:data:`DEFAULT_EXAMPLES`), ``AP_EP_PROPERTY_SEED`` the seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULT_EXAMPLES = 4
+SEED = 20261125
+WORLD = 2
+DIM, HIDDEN = 8, 8
+STEPS = 2
+LR = 0.1
+LOSS_RTOL, GRAD_RTOL = 1e-5, 1e-4
+PATTERN = "layers.*.moe"
+
+
+@dataclass(frozen=True)
+class EpCase:
+    num_experts: int
+    top_k: int
+    #: assignments each expert keeps per sending rank (and chunk); None: dropless
+    capacity: int | None
+    num_chunks: int
+    batch: int
+    seq: int
+    #: every token of both ranks routed to rank 0's experts (rank 1 receives none)
+    skew: bool
+    seed: int
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+def draw_cases(n: int, seed: int = SEED) -> list[EpCase]:
+    """``n`` examples; the first always the zero-receive case (skewed, dropless, chunked)."""
+    rng = random.Random(seed)
+    cases = [EpCase(4, 2, None, 2, 4, 2, skew=True, seed=rng.randrange(2**31))]
+    while len(cases) < n:
+        num_experts = rng.choice((2, 4, 6, 8))
+        skew = rng.random() < 0.3
+        local = num_experts // WORLD
+        top_k = rng.randint(1, min(local if skew else num_experts, 3))
+        num_chunks = rng.choice((1, 2, 4))
+        batch = num_chunks * rng.choice((2, 3))  # chunks of >= 2 sequences
+        seq = rng.randint(1, 4)
+        capacity = None if rng.random() < 0.6 else rng.randint(1, 3)
+        cases.append(
+            EpCase(
+                num_experts, top_k, capacity, num_chunks, batch, seq, skew, rng.randrange(2**31)
+            )
+        )
+    return cases
+
+
+# ------------------------------------------------------------------------------- the model
+
+
+def _capacity_dispatcher_class() -> type:
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+
+    class CapacityDispatcher(AllToAllTokenDispatcher):  # type: ignore[misc]
+        """``AllToAllTokenDispatcher`` that drops, on the sending rank, every assignment beyond
+        the first ``capacity`` of each expert (token order): the kept assignments go first in
+        expert order, the dropped ones last; only the kept rows are exchanged
+        (``sum(input_splits)``), and combine scatters only those back."""
+
+        capacity: int
+
+        def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, counts_E):  # type: ignore[no-untyped-def]
+            return super().dispatch(
+                x_TD, topk_scores_TK, topk_expert_ids_TK, counts_E.clamp(max=self.capacity)
+            )
+
+        def _local_reorder(self, x_TD, topk_scores_TK, topk_expert_ids_TK):  # type: ignore[no-untyped-def]
+            ids_N = topk_expert_ids_TK.reshape(-1)
+            onehot_NE = F.one_hot(ids_N, self.num_experts)
+            position_N = (onehot_NE.cumsum(0) * onehot_NE).sum(-1) - 1
+            key_N = torch.where(position_N < self.capacity, ids_N, self.num_experts)
+            order_N = torch.argsort(key_N, stable=True)
+            scores_N = topk_scores_TK.reshape(-1)[order_N]
+            token_N = order_N // self.top_k
+            return x_TD[token_N], token_N, scores_N
+
+        def _dispatch_token_exchange(self, routed_input_ND, pg, output_splits, input_splits):  # type: ignore[no-untyped-def]
+            kept = _kept(input_splits, routed_input_ND.shape[0])
+            return super()._dispatch_token_exchange(
+                routed_input_ND.narrow(0, 0, kept), pg, output_splits, input_splits
+            )
+
+        def combine(self, routed_output_RD, metadata, x_TD):  # type: ignore[no-untyped-def]
+            n = metadata.token_indices_experts_sorted_N.shape[0]
+            kept = _kept(metadata.input_splits, n)
+            metadata = dataclasses.replace(
+                metadata,
+                token_indices_experts_sorted_N=metadata.token_indices_experts_sorted_N.narrow(
+                    0, 0, kept
+                ),
+                topk_scores_experts_sorted_N=metadata.topk_scores_experts_sorted_N.narrow(
+                    0, 0, kept
+                ),
+            )
+            return super().combine(routed_output_RD, metadata, x_TD)
+
+    return CapacityDispatcher
+
+
+def _kept(splits: list[Any], n: int) -> Any:
+    kept = sum(splits)
+    if not isinstance(kept, int):
+        torch._check_is_size(kept)
+        torch._check(kept <= n)
+    return kept
+
+
+class Block(nn.Module):
+    def __init__(self, moe: nn.Module) -> None:
+        super().__init__()
+        self.moe = moe
+
+
+class Net(nn.Module):
+    """A dense projection, torchtitan's MoE (``layers.0.moe``), residual; MSE loss."""
+
+    def __init__(self, moe: nn.Module) -> None:
+        super().__init__()
+        self.proj = nn.Linear(DIM, DIM)
+        self.layers = nn.ModuleDict({"0": Block(moe)})
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        out = h + self.layers["0"].moe(h)
+        return F.mse_loss(out, y)
+
+
+def build(case: EpCase, world: int) -> Net:
+    """The same model on every rank (seeded), experts sharded over ``world`` ranks."""
+    import torchtitan.models.qwen3 as qwen3
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.models.common.config_utils import (
+        make_moe_config,
+        make_routed_experts_config,
+        make_router_config,
+    )
+    from torchtitan.models.common.moe_sharding import set_moe_sharding_config
+    from torchtitan.models.qwen3.sharding import _GROUPED_EXPERTS_PARAM_LAYOUT
+
+    from zoo.models.expert_parallel import fp32_experts
+
+    cfg = make_moe_config(
+        num_experts=case.num_experts,
+        router=make_router_config(
+            dim=DIM,
+            num_experts=case.num_experts,
+            gate_param_init=qwen3._LINEAR_INIT,
+            top_k=case.top_k,
+            score_func="softmax",
+            route_norm=True,
+        ),
+        routed_experts=make_routed_experts_config(
+            dim=DIM,
+            hidden_dim=HIDDEN,
+            num_experts=case.num_experts,
+            top_k=case.top_k,
+            param_init=qwen3._EXPERTS_INIT,
+            comm_backend="standard",
+        ),
+    )
+    set_moe_sharding_config(
+        cfg,
+        enable_ep=True,
+        enable_sp=False,
+        expert_param_layout=_GROUPED_EXPERTS_PARAM_LAYOUT,
+    )
+    torch.manual_seed(case.seed)
+    moe = cfg.build()
+    moe.init_states()
+    if case.capacity is not None:
+        dispatcher = _capacity_dispatcher_class()(cfg.routed_experts.token_dispatcher)
+        dispatcher.capacity = case.capacity
+        moe.routed_experts.token_dispatcher = dispatcher
+    if case.skew:  # only the top-k choice: every token picks among rank 0's experts
+        with torch.no_grad():
+            moe.expert_bias_E[: case.num_experts // world] = 10.0
+    net = Net(moe)
+    dims = ParallelDims(
+        dp_replicate=1,
+        dp_shard=world,
+        cp=1,
+        tp=1,
+        pp=1,
+        ep=world,
+        world_size=world,
+        spmd_backend="partial_dtensor",
+    )
+    dims.build_mesh()
+    moe.parallelize(dims)
+    fp32_experts(net)
+    net.train()
+    return net
+
+
+def batches(case: EpCase, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(case.seed + 1 + rank)
+    shape = (case.batch, case.seq, DIM)
+    return [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)) for _ in range(STEPS)]
+
+
+def train(fn: Any, net: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    from torch.distributed.tensor import DTensor
+
+    losses, grads = [], []
+    for x, y in data:
+        loss = fn(x, y)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        step: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, p in net.named_parameters():
+                if p.grad is None:
+                    continue
+                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                step[name.replace(".moe.module.", ".moe.")] = g.detach().clone()
+                p.sub_(LR * p.grad)
+                p.grad = None
+        grads.append(step)
+    return losses, grads
+
+
+def _rel(got: list[float], ref: list[float]) -> float:
+    return max(abs(g - r) / max(abs(r), 1e-12) for g, r in zip(got, ref, strict=True))
+
+
+def _grads_rel(got: list[dict[str, torch.Tensor]], ref: list[dict[str, torch.Tensor]]) -> float:
+    """Worst normwise relative error over steps and parameters (scaled by max |ref|, floored at
+    1e-3 of the step's largest |ref|: a gradient that is all but zero is judged on the step's
+    scale)."""
+    worst = 0.0
+    for g_step, r_step in zip(got, ref, strict=True):
+        assert g_step.keys() == r_step.keys(), (sorted(g_step), sorted(r_step))
+        top = max((float(r.abs().max()) for r in r_step.values() if r.numel()), default=0.0)
+        for name, r in r_step.items():
+            scale = max(float(r.abs().max()) if r.numel() else 0.0, 1e-3 * top, 1e-30)
+            worst = max(worst, float((g_step[name] - r).abs().max()) / scale if r.numel() else 0.0)
+    return worst
+
+
+def run_case(case: EpCase, rank: int, world: int) -> dict[str, Any]:
+    """One example on this rank: eager EP, EagerChunked, then precompile + the backend."""
+    import torch.distributed as dist
+    from ap_backend import PrecompileError, autoparallel_backend, precompile
+    from ap_epchunk import ChunkConfig, ChunkError, EagerChunked, mark_chunk_dim
+    from ap_tags import annotate_module_fqns
+
+    out: dict[str, Any] = {"case": dataclasses.asdict(case), "rank": rank}
+    data = batches(case, rank)
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    ref = build(case, world)
+    ref_losses, ref_grads = train(ref, ref, data)
+    # what this rank received, per step's first call: the zero-receive case is checked on it
+    ec = build(case, world)
+    ec.layers["0"].moe = EagerChunked(ec.layers["0"].moe, 0, case.num_chunks)
+    ec_losses, ec_grads = train(ec, ec, data)
+    net = build(case, world)
+    x, y = (t.clone() for t in data[0])
+    mark_chunk_dim(x, 0, hint=None)
+    mark_chunk_dim(y, 0, hint=None)
+    chunk = ChunkConfig((PATTERN,), num_chunks=case.num_chunks) if case.num_chunks > 1 else None
+    backend = autoparallel_backend(ep_chunk=chunk)
+    try:
+        with annotate_module_fqns(net):
+            pm = precompile(net, (x, y))
+        losses, grads = train(torch.compile(pm, backend=backend), net, [(x, y), *data[1:]])
+    except (ChunkError, PrecompileError) as exc:
+        out["refused"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    except Exception as exc:  # noqa: BLE001 - a wrapped refusal is judged by its cause
+        cause = exc
+        while cause.__cause__ is not None and not isinstance(cause, (ChunkError, PrecompileError)):
+            cause = cause.__cause__
+        if not isinstance(cause, (ChunkError, PrecompileError)):
+            raise
+        out["refused"] = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+    else:
+        out["chunked_regions"] = len(backend.chunk_reports[-1].regions) if backend.chunk_reports else 0
+        out["loss_rel_eager"] = _rel(losses, ref_losses)
+        out["grad_rel_eager"] = _grads_rel(grads, ref_grads)
+        out["loss_rel_eager_chunked"] = _rel(losses, ec_losses)
+        out["grad_rel_eager_chunked"] = _grads_rel(grads, ec_grads)
+    out["eager_chunked_vs_eager_grad"] = _grads_rel(ec_grads, ref_grads)
+    out["seconds"] = time.perf_counter() - start
+    dist.barrier()
+    torch._dynamo.reset()
+    return out
+
+
+def _rank(rank: int, world: int, cases: list[EpCase]) -> list[dict[str, Any]]:
+    from zoo.models.expert_parallel import cpu_expert_parallel
+
+    cpu_expert_parallel()
+    return [run_case(case, rank, world) for case in cases]
