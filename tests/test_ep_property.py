@@ -87,9 +87,7 @@ def draw_cases(n: int, seed: int = SEED) -> list[EpCase]:
         seq = rng.randint(1, 4)
         capacity = None if rng.random() < 0.6 else rng.randint(1, 3)
         cases.append(
-            EpCase(
-                num_experts, top_k, capacity, num_chunks, batch, seq, skew, rng.randrange(2**31)
-            )
+            EpCase(num_experts, top_k, capacity, num_chunks, batch, seq, skew, rng.randrange(2**31))
         )
     return cases
 
@@ -149,7 +147,7 @@ def _capacity_dispatcher_class() -> type:
 def _kept(splits: list[Any], n: int) -> Any:
     kept = sum(splits)
     if not isinstance(kept, int):
-        torch._check_is_size(kept)
+        torch._check(kept >= 0)
         torch._check(kept <= n)
     return kept
 
@@ -244,10 +242,14 @@ def build(case: EpCase, world: int) -> Net:
 def batches(case: EpCase, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(case.seed + 1 + rank)
     shape = (case.batch, case.seq, DIM)
-    return [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)) for _ in range(STEPS)]
+    return [
+        (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)) for _ in range(STEPS)
+    ]
 
 
-def train(fn: Any, net: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+def train(
+    fn: Any, net: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     from torch.distributed.tensor import DTensor
 
     losses, grads = [], []
@@ -286,6 +288,22 @@ def _grads_rel(got: list[dict[str, torch.Tensor]], ref: list[dict[str, torch.Ten
     return worst
 
 
+def _refusal(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """``exc`` or the error it wraps (Dynamo's ``BackendCompilerFailed`` raises ``from None``
+    and keeps it as ``inner_exception``) when one of ``kinds``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, kinds):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
+    return None
+
+
 def run_case(case: EpCase, rank: int, world: int) -> dict[str, Any]:
     """One example on this rank: eager EP, EagerChunked, then precompile + the backend."""
     import torch.distributed as dist
@@ -299,44 +317,133 @@ def run_case(case: EpCase, rank: int, world: int) -> dict[str, Any]:
     start = time.perf_counter()
     ref = build(case, world)
     ref_losses, ref_grads = train(ref, ref, data)
-    # what this rank received, per step's first call: the zero-receive case is checked on it
-    ec = build(case, world)
-    ec.layers["0"].moe = EagerChunked(ec.layers["0"].moe, 0, case.num_chunks)
-    ec_losses, ec_grads = train(ec, ec, data)
+    ec_losses, ec_grads = ref_losses, ref_grads  # one chunk: EagerChunked is eager EP
+    if case.num_chunks > 1:
+        ec = build(case, world)
+        ec.layers["0"].moe = EagerChunked(ec.layers["0"].moe, 0, case.num_chunks)
+        ec_losses, ec_grads = train(ec, ec, data)
     net = build(case, world)
     x, y = (t.clone() for t in data[0])
     mark_chunk_dim(x, 0, hint=None)
     mark_chunk_dim(y, 0, hint=None)
     chunk = ChunkConfig((PATTERN,), num_chunks=case.num_chunks) if case.num_chunks > 1 else None
     backend = autoparallel_backend(ep_chunk=chunk)
+    out["eager_s"] = time.perf_counter() - start
     try:
         with annotate_module_fqns(net):
             pm = precompile(net, (x, y))
+        out["precompile_s"] = time.perf_counter() - start
         losses, grads = train(torch.compile(pm, backend=backend), net, [(x, y), *data[1:]])
-    except (ChunkError, PrecompileError) as exc:
-        out["refused"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    except Exception as exc:  # noqa: BLE001 - a wrapped refusal is judged by its cause
-        cause = exc
-        while cause.__cause__ is not None and not isinstance(cause, (ChunkError, PrecompileError)):
-            cause = cause.__cause__
-        if not isinstance(cause, (ChunkError, PrecompileError)):
+    except Exception as exc:  # noqa: BLE001 - a refusal wrapped by Dynamo is judged by its cause
+        cause = _refusal(exc, (ChunkError, PrecompileError))
+        if cause is None:
             raise
-        out["refused"] = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        out["refused"] = f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
     else:
-        out["chunked_regions"] = len(backend.chunk_reports[-1].regions) if backend.chunk_reports else 0
+        out["chunked_regions"] = (
+            len(backend.chunk_reports[-1].regions) if backend.chunk_reports else 0
+        )
         out["loss_rel_eager"] = _rel(losses, ref_losses)
         out["grad_rel_eager"] = _grads_rel(grads, ref_grads)
         out["loss_rel_eager_chunked"] = _rel(losses, ec_losses)
         out["grad_rel_eager_chunked"] = _grads_rel(grads, ec_grads)
     out["eager_chunked_vs_eager_grad"] = _grads_rel(ec_grads, ref_grads)
+    # eager EP's first step: did any token reach this rank's experts?
+    experts = [g for name, g in ref_grads[0].items() if ".inner_experts." in name]
+    assert experts, sorted(ref_grads[0])
+    out["received_tokens"] = any(bool(g.any()) for g in experts)
     out["seconds"] = time.perf_counter() - start
     dist.barrier()
     torch._dynamo.reset()
     return out
 
 
-def _rank(rank: int, world: int, cases: list[EpCase]) -> list[dict[str, Any]]:
+def _fx_inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+    """Runs the partitioned graph as it is (no Inductor codegen), boxed as AOTAutograd calls."""
+
+    def run(args: list[Any]) -> Any:
+        outs = gm(*args)
+        args.clear()
+        return outs
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _rank(rank: int, world: int, cases: list[EpCase], inductor: bool) -> list[dict[str, Any]]:
+    import torch._inductor.compile_fx as cfx
+
     from zoo.models.expert_parallel import cpu_expert_parallel
 
     cpu_expert_parallel()
+    if not inductor:
+        cfx.compile_fx_inner = _fx_inner_compile  # type: ignore[assignment]
     return [run_case(case, rank, world) for case in cases]
+
+
+def _judge(case: EpCase, rows: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with one example's rank records (empty: it passed)."""
+    problems: list[str] = []
+    refused = [r.get("refused") for r in rows]
+    if any(refused):
+        if not all(refused):
+            problems.append(f"refused on some ranks only: {refused}")
+        if case.capacity is None:
+            problems.append(f"a dropless top-k EP config must chunk, refused: {refused}")
+        return problems
+    for r in rows:
+        where = f"rank {r['rank']}"
+        checks = [("loss vs EagerChunked", r["loss_rel_eager_chunked"], LOSS_RTOL)]
+        checks.append(("grads vs EagerChunked", r["grad_rel_eager_chunked"], GRAD_RTOL))
+        if case.capacity is None or case.num_chunks == 1:  # chunking keeps eager EP's maths
+            checks.append(("loss vs eager EP", r["loss_rel_eager"], LOSS_RTOL))
+            checks.append(("grads vs eager EP", r["grad_rel_eager"], GRAD_RTOL))
+        for what, value, tol in checks:
+            if not value <= tol:
+                problems.append(f"{where}: {what} {value:.3g} > {tol:g}")
+        expected_regions = 2 if case.num_chunks > 1 else 0  # the MoE's forward and backward
+        if r["chunked_regions"] != expected_regions:
+            problems.append(f"{where}: {r['chunked_regions']} chunked regions")
+    if case.skew and [r["received_tokens"] for r in rows] != [True, False]:
+        problems.append(f"skew: tokens received per rank {[r['received_tokens'] for r in rows]}")
+    return problems
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_random_ep_moe_configs_run_like_eager_ep_and_eager_chunked() -> None:
+    """Every drawn example is accepted and trains like eager EP / ``EagerChunked`` on both
+    ranks, or is refused with ``ChunkError`` / ``PrecompileError`` (capacity variants only)."""
+    import sys
+    from pathlib import Path
+
+    from ap_backend.demo import spawn_ranks
+
+    n = int(os.environ.get("AP_EP_PROPERTY_EXAMPLES", DEFAULT_EXAMPLES))
+    seed = int(os.environ.get("AP_EP_PROPERTY_SEED", SEED))
+    inductor = os.environ.get("AP_EP_PROPERTY_INDUCTOR", "0") == "1"
+    cases = draw_cases(n, seed)
+    # the ranks unpickle this module's _rank and import zoo: both from the workspace root
+    root = str(Path(__file__).resolve().parent.parent)
+    added = root not in sys.path
+    if added:
+        sys.path.insert(0, root)
+    try:
+        start = time.perf_counter()
+        per_rank = spawn_ranks(_rank, WORLD, cases, inductor)
+        wall = time.perf_counter() - start
+    finally:
+        if added:
+            sys.path.remove(root)
+    lines, failures = [], []
+    for i, case in enumerate(cases):
+        rows = [ranks[i] for ranks in per_rank]
+        problems = _judge(case, rows)
+        outcome = rows[0].get("refused") or "ran: " + ", ".join(
+            f"{k} {max(r[k] for r in rows):.1e}"
+            for k in ("loss_rel_eager", "grad_rel_eager", "grad_rel_eager_chunked")
+        )
+        lines.append(f"{case}: {outcome} ({max(r['seconds'] for r in rows):.1f} s)")
+        failures += [f"{case}: {p}" for p in problems]
+    print(f"{n} examples in {wall:.1f} s (inductor={inductor})", *lines, sep="\n")
+    assert not failures, "\n".join(failures)
