@@ -34,6 +34,7 @@ All examples run in ONE 2-rank spawn; ``AP_EP_PROPERTY_EXAMPLES`` sets how many 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import time
@@ -174,7 +175,7 @@ class Net(nn.Module):
 
 def build(case: EpCase, world: int) -> Net:
     """The same model on every rank (seeded), experts sharded over ``world`` ranks."""
-    import torchtitan.models.qwen3 as qwen3
+    import spmd_types as spmd
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.models.common.config_utils import (
         make_moe_config,
@@ -182,16 +183,17 @@ def build(case: EpCase, world: int) -> Net:
         make_router_config,
     )
     from torchtitan.models.common.moe_sharding import set_moe_sharding_config
-    from torchtitan.models.qwen3.sharding import _GROUPED_EXPERTS_PARAM_LAYOUT
 
     from zoo.models.expert_parallel import fp32_experts
 
+    # torchtitan's Qwen3 initialisers (normal, std 0.02), without importing the model package
+    init = functools.partial(nn.init.normal_, std=0.02)
     cfg = make_moe_config(
         num_experts=case.num_experts,
         router=make_router_config(
             dim=DIM,
             num_experts=case.num_experts,
-            gate_param_init=qwen3._LINEAR_INIT,
+            gate_param_init={"weight": init, "bias": nn.init.zeros_},
             top_k=case.top_k,
             score_func="softmax",
             route_norm=True,
@@ -201,7 +203,7 @@ def build(case: EpCase, world: int) -> Net:
             hidden_dim=HIDDEN,
             num_experts=case.num_experts,
             top_k=case.top_k,
-            param_init=qwen3._EXPERTS_INIT,
+            param_init={"w1_EFD": init, "w2_EDF": init, "w3_EFD": init},
             comm_backend="standard",
         ),
     )
@@ -209,7 +211,8 @@ def build(case: EpCase, world: int) -> Net:
         cfg,
         enable_ep=True,
         enable_sp=False,
-        expert_param_layout=_GROUPED_EXPERTS_PARAM_LAYOUT,
+        # GroupedExperts' dense (TP) layout, unused with EP on (as in qwen3's sharding)
+        expert_param_layout={"w1_EFD": spmd.S(1), "w2_EDF": spmd.S(2), "w3_EFD": spmd.S(1)},
     )
     torch.manual_seed(case.seed)
     moe = cfg.build()
