@@ -381,7 +381,14 @@ def _rank(rank: int, world: int, cases: list[EpCase], inductor: bool) -> list[di
     cpu_expert_parallel()
     if not inductor:
         cfx.compile_fx_inner = _fx_inner_compile  # type: ignore[assignment]
-    return [run_case(case, rank, world) for case in cases]
+    rows = []
+    for case in cases:
+        try:
+            rows.append(run_case(case, rank, world))
+        except Exception as exc:
+            # neither accepted-and-run nor refused: a crash names its example (both ranks stop)
+            raise RuntimeError(f"{case} crashed on rank {rank}") from exc
+    return rows
 
 
 def _judge(case: EpCase, rows: list[dict[str, Any]]) -> list[str]:
