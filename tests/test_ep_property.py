@@ -95,9 +95,10 @@ def draw_cases(n: int, seed: int = SEED) -> list[EpCase]:
         batch = num_chunks * rng.choice((2, 3))  # chunks of >= 2 sequences
         seq = rng.randint(1, 4)
         capacity = None if rng.random() < 0.5 else rng.randint(1, 3)
-        cases.append(
-            EpCase(num_experts, top_k, capacity, num_chunks, batch, seq, skew, rng.randrange(2**31))
-        )
+        seed_i = rng.randrange(2**31)
+        case = EpCase(num_experts, top_k, capacity, num_chunks, batch, seq, skew, seed_i)
+        if case not in cases:
+            cases.append(case)
     return cases
 
 
