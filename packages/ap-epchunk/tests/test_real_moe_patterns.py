@@ -154,6 +154,38 @@ def test_zeros_like_scatter_add_combine_is_chunked(fake_graph: Any) -> None:
     torch.testing.assert_close(gm(x_real)[0], want * 2)
 
 
+def test_slice_scatter_of_full_size_zeros_into_index_put_is_chunked(fake_graph: Any) -> None:
+    """The backward of ``x_TD[idx].narrow(0, 0, kept)`` (a capacity dispatch keeping ``kept``
+    routed rows): ``slice_backward`` starts from full-size zeros and writes rows that do not
+    carry the chunk dim (their count is data-dependent), then ``index``'s backward accumulates
+    them with chunk-sized indices. The zeros must be chunk-sized too. torch's fake
+    ``index_put`` does not check that its values broadcast, so they used to stay full-size and
+    shared by the chunks, and the accepted graph failed at run time: ``shape mismatch: value
+    tensor of shape [8, 4] cannot be broadcast to indexing result of shape [4, 4]`` (found by
+    tests/test_ep_property.py)."""
+    b = fake_graph()
+    x = b.placeholder("x", b.fake(8, 4))
+    w = b.placeholder("w", b.fake(3, 4))  # the kept rows' gradient: no chunk dim
+    h = b.op(aten.relu.default, x, fqn="layers.0")
+    idx = b.op(
+        aten.zeros_like.default,
+        b.op(aten.select.int, h, 1, 0, fqn="layers.0"),
+        dtype=torch.int64,
+        fqn="layers.0",
+    )
+    zeros = b.op(aten.full.default, [8, 4], 0.0, fqn="layers.0")
+    rows = b.op(aten.slice_scatter.default, zeros, w, 0, 0, 3, fqn="layers.0")
+    acc = b.op(aten.full.default, [8, 4], 0.0, fqn="layers.0")
+    out = b.op(aten.index_put.default, acc, [idx], rows, True, fqn="layers.0")
+    gm = b.module(b.op(aten.add.Tensor, out, h, fqn="layers.0"))
+    chunk_pass(gm, CFG.replace(chunk_inputs=("x",)))
+    x_real, w_real = torch.randn(8, 4), torch.randn(3, 4)
+    # each chunk of 4 tokens: its own zeros with w in rows 0..2, all accumulated into row 0
+    want = torch.zeros(8, 4)
+    want[0] = want[4] = w_real.sum(0)
+    torch.testing.assert_close(gm(x_real, w_real)[0], want + x_real.relu())
+
+
 def test_add_then_copy_into_a_buffer_is_a_mutation_chain(fake_graph: Any) -> None:
     """torchtitan's ``tokens_per_expert.add_(counts)`` arrives functionalized as ``add`` +
     ``copy_``: chunk i adds to chunk i-1's result, the buffer ends up with the full count."""

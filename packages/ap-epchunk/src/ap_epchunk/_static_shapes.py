@@ -160,6 +160,7 @@ class StaticShapes(ChunkShapes):
             vals = torch.fx.node.map_arg((args, kwargs), self._val)
             assert callable(node.target)
             self.probe[node] = node.target(*vals[0], **vals[1])
+            _check_index_put_values(node, vals[0], vals[1])
             self.args[node] = (args, kwargs)
             return None
         except Exception as exc:  # noqa: BLE001 - any failure makes the value unknown
@@ -469,3 +470,35 @@ _MISSING: Any = object()
 
 #: Arguments of the scatter family whose chunk dim ``self`` must share.
 _SCATTER_OPERANDS = ("index", "src", "source", "values")
+
+_INDEX_PUTS = frozenset(
+    {aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default}
+)
+
+
+def _check_index_put_values(node: torch.fx.Node, args: Any, kwargs: Any) -> None:
+    """Raise as the real kernel does when ``index_put(self, indices, values)``'s ``values`` do
+    not broadcast to the indexing result: torch's fake / meta ``index_put`` does not check it,
+    so a full-size ``values`` next to chunk-sized ``self`` and indices would pass the probe and
+    fail at run time (``shape mismatch: value tensor of shape [18, 8] cannot be broadcast to
+    indexing result of shape [9, 8]``)."""
+    if node.target not in _INDEX_PUTS or len(args) < 3:
+        return
+    self_t, indices, values = args[0], args[1], args[2]
+    if not isinstance(self_t, torch.Tensor) or not isinstance(values, torch.Tensor):
+        return
+    result = aten.index.Tensor(self_t, list(indices))
+    want, got = list(result.shape), list(values.shape)
+    if len(got) > len(want):
+        got = (
+            got[len(got) - len(want) :] if all(s == 1 for s in got[: len(got) - len(want)]) else got
+        )
+    bad = len(got) > len(want) or any(
+        isinstance(g, int) and isinstance(w, int) and g not in (1, w)
+        for g, w in zip(reversed(got), reversed(want), strict=False)
+    )
+    if bad:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast "
+            f"to indexing result of shape {list(result.shape)}"
+        )
