@@ -84,11 +84,16 @@ LR = 1e-2
 
 @dataclass
 class Saved:
-    """One saved-activation measure: distinct tensors, bytes, all-gather outputs among them."""
+    """One saved-activation measure (``ap_tags.counting``): distinct storages, bytes, all-gather
+    outputs among them, saved activation tensors (views counted each) and the storages'
+    sorted ``(dtype, bytes)`` keys (what storage-level equality compares; empty in results
+    recorded before they were kept)."""
 
     count: int
     nbytes: int
     all_gather: int
+    tensors: int = 0
+    storage_keys: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -303,6 +308,8 @@ def _saved(summary: Any) -> Saved:
         count=int(summary.count),
         nbytes=int(summary.nbytes),
         all_gather=len(summary.all_gather_outputs),
+        tensors=int(summary.tensor_count),
+        storage_keys=[[str(d), int(b)] for d, b in summary.storage_keys],
     )
 
 
@@ -560,7 +567,12 @@ def evaluate(res: CaseResult) -> Verdict:
         agree = saved_pair == report_pair
         if res.config == "default":  # AC may add stage-boundary saves to the replay
             le_first = (res.saved_bytes or 0) <= res.first.nbytes
-            exact = (res.first.count, res.first.nbytes) == saved_pair
+            # storage level: the same multiset of (dtype, bytes) storages, not the same
+            # tensors (a view of a saved base is free: the backward rebuilds it)
+            keys = sorted(k for s in res.saveall for k in s.storage_keys)
+            exact = (res.first.count, res.first.nbytes) == saved_pair and (
+                not res.first.storage_keys or sorted(res.first.storage_keys) == keys
+            )
     return Verdict(
         numerics=numerics,
         no_fallbacks=no_fallbacks,

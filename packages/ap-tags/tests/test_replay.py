@@ -284,3 +284,40 @@ def test_an_untagged_constant_the_backward_reads_is_recomputed_not_saved() -> No
     r.done(out, grad2)
     resolved = replayed_saves(r.g)
     assert [v.name for v in resolved.values] == ["relu"]
+
+
+def test_a_tagged_constant_a_joint_pass_created_is_recomputed_not_saved() -> None:
+    """Inductor's joint passes replace the cross-entropy backward's scatter with
+    ``where(iota == target, scalar_tensor(-1.0), scalar_tensor(0))``: the constants copy the save
+    tag the replaced backward node inherited but carry no ``partitioner_tag`` (AOTAutograd did
+    not trace them). The first partition never saw them: recomputed in the backward, reported."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    h = r.fwd("relu", aten.relu.default, x, tag=SAVED)
+    h.meta["partitioner_tag"] = "is_forward"
+    const = r.fwd("scalar_tensor_default", aten.scalar_tensor.default, -1.0, tag=SAVED)
+    const.meta["val"] = torch.empty(())
+    grad = r.bwd("mul_bw", aten.mul.Tensor, t, const)
+    grad2 = r.bwd("mul_bw2", aten.mul.Tensor, grad, h)
+    r.done(h, grad2)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["relu"]
+    assert resolved.constants == ("scalar_tensor_default",)
+    assert any("scalar_tensor_default" in line for line in resolved.notes())
+
+
+def test_a_tagged_forward_constant_the_first_partition_saved_is_saved() -> None:
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    h = r.fwd("relu", aten.relu.default, x, tag=SAVED)
+    const = r.fwd("full", aten.scalar_tensor.default, 2.0, tag=SAVED)
+    const.meta["val"] = torch.empty(())
+    const.meta["partitioner_tag"] = "is_forward"
+    grad = r.bwd("mul_bw", aten.mul.Tensor, t, const)
+    grad2 = r.bwd("mul_bw2", aten.mul.Tensor, grad, h)
+    r.done(h, grad2)
+    resolved = replayed_saves(r.g)
+    assert {v.name for v in resolved.values} == {"relu", "full"}
+    assert resolved.constants == ()

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
+from ap_tags.counting import count_saved_values
 from ap_tags.graph import (
-    activation_storages,
     is_all_gather,
     is_all_gather_output,
     is_collective,
     saved_for_backward,
-    storage_base,
     storage_nbytes,
 )
 
@@ -39,12 +38,13 @@ class PartitionReport:
     """One partition's outcome.
 
     ``saved_names``: every value the forward hands the backward (tensors, syms, opaques), in
-    forward-output order. "Activations" follow ap-tags' one definition of saved
-    (``ap_tags.graph.activation_storages``), the same the first compilation's and the backend's
-    summaries use: the distinct *storages* the saved tensors keep alive, graph inputs excluded
-    (saved primals cost nothing extra: the caller holds them anyway; a view of a saved tensor
-    costs nothing extra either). ``saved_input_count`` counts the saved tensors whose storage is
-    a graph input. All-gather outputs are activation storages that are an all-gather's result
+    forward-output order. Counted with ap-tags' one count (``ap_tags.counting.count_saved``),
+    the same the first compilation's and the backend's summaries use:
+    ``saved_activation_count`` is the distinct *storages* the saved tensors keep alive, graph
+    inputs excluded (saved primals cost nothing extra: the caller holds them anyway; a view of
+    a saved tensor costs nothing extra either), ``saved_tensor_count`` the saved activation
+    tensors (views counted each), ``saved_storage_bytes`` the bytes per storage (name, bytes).
+    ``saved_input_count`` counts the saved tensors whose storage is a graph input. All-gather outputs are activation storages that are an all-gather's result
     (``ap_tags.graph.is_all_gather_output``): keeping one alive means keeping an unsharded weight
     alive. Bytes are storage bytes (symbolic sizes by their hints, 0 when a size has no hint).
     ``backward_collectives`` counts communicating ``_c10d_functional`` ops (waits excluded) the
@@ -55,6 +55,8 @@ class PartitionReport:
     saved_names: tuple[str, ...] = ()
     saved_activation_count: int = 0
     saved_activation_bytes: int = 0
+    saved_tensor_count: int = 0
+    saved_storage_bytes: tuple[tuple[str, int], ...] = ()
     saved_input_count: int = 0
     saved_all_gather_count: int = 0
     saved_all_gather_bytes: int = 0
@@ -92,24 +94,24 @@ def build_report(
     """
     mod = _compat.partitioners()
     saved = saved_for_backward(fw_module, num_fwd_outputs)
-    syms = [n for n in saved if mod.is_sym_node(n)]
     opaques = [n for n in saved if not mod.is_sym_node(n) and mod.is_opaque_node(n)]
-    not_tensors = {*syms, *opaques}  # a set: saved lists run to hundreds of values
-    tensors = [n for n in saved if n not in not_tensors]
-    inputs = [n for n in tensors if storage_base(n).op == "placeholder"]
-    acts = activation_storages(tensors)
-    gathered = [n for n in acts if is_all_gather_output(n)]
+    opaque_set = set(opaques)  # a set: saved lists run to hundreds of values
+    counted = count_saved_values(n for n in saved if n not in opaque_set)
+    nodes = {n.name: n for n in fw_module.graph.nodes}
+    gathered = [nodes[b] for b in counted.storages if is_all_gather_output(nodes[b])]
     n_coll, n_ag = _count_collectives(bw_module)
     return PartitionReport(
         partitioner=partitioner,
         saved_names=tuple(n.name for n in saved),
-        saved_activation_count=len(acts),
-        saved_activation_bytes=storage_nbytes(acts),
-        saved_input_count=len(inputs),
+        saved_activation_count=counted.storage_count,
+        saved_activation_bytes=counted.nbytes,
+        saved_tensor_count=counted.tensor_count,
+        saved_storage_bytes=tuple(counted.bytes_by_storage().items()),
+        saved_input_count=len(counted.inputs),
         saved_all_gather_count=len(gathered),
         saved_all_gather_bytes=storage_nbytes(gathered),
         saved_all_gather_names=tuple(n.name for n in gathered),
-        sym_count=len(syms),
+        sym_count=counted.symbol_count,
         opaque_count=len(opaques),
         backward_collectives=n_coll,
         backward_all_gathers=n_ag,

@@ -9,6 +9,8 @@ Public submodules shared by every ap package that depends on ap-tags:
 
 * :mod:`ap_tags.graph` -- the graph vocabulary (collective kinds, waits, storage, direction,
   sizes), each predicate defined once;
+* :mod:`ap_tags.counting` -- ``count_saved``: the one count (tensors, storages, bytes per
+  storage, symbols) of what a partition saved for backward, shared by every report;
 * :mod:`ap_tags.checks` -- argument checks (``TypeError`` for a wrong type, ``ValueError`` for a
   wrong value, both naming the entry point and the argument);
 * :mod:`ap_tags.scoped` -- scoped, nestable, thread-safe process-wide patches;
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from importlib.metadata import version as _distribution_version
 
-from . import checks, graph, scoped, torch_support
+from . import checks, counting, graph, scoped, torch_support
 from ._ac_stages import (
     AcJointPass,
     AcStageReport,
@@ -97,6 +99,7 @@ __all__ = [
     "ac_joint_pass",
     "check_stage_size",
     "checks",
+    "counting",
     "graph",
     "scoped",
     "torch_support",

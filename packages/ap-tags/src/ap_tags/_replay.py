@@ -28,7 +28,12 @@ batch norm's running statistics), and read values without a tag lost it in the r
 reported, neither is an error. One exception to "save what the backward reads": an untagged
 constant (computed from no graph input at all, e.g. a ``scalar_tensor`` or an ``arange`` that
 Inductor's joint-graph passes hoisted and share between forward and backward) is recomputed in
-the backward for free, so it is not kept alive.
+the backward for free, so it is not kept alive. Nor is a *tagged* constant unless AOTAutograd
+marked it a forward node (``partitioner_tag`` ``is_forward``): the constants those passes
+create in place of backward ops (``iota`` / ``scalar_tensor`` from the cross-entropy backward's
+scatter) copy the save tag the backward node they replace inherited, but the first partition
+never saw them (an HF causal LM computing its own loss replayed three such saves: two fp32
+scalars and the int64 vocabulary ``iota``).
 
 "Backward" is decided by AOTAutograd's marks (``meta["autograd_backward"]``, every node traced
 while autograd runs the backward) plus tangent reachability. A graph with no backward mark at
@@ -65,6 +70,7 @@ class ReplayedSaves:
     not_read: tuple[str, ...] = ()
     untagged_read: tuple[str, ...] = ()
     backward_tagged: tuple[str, ...] = ()
+    constants: tuple[str, ...] = ()
 
     def notes(self) -> tuple[str, ...]:
         """One line per kind of tag the replay did not take as written (for reports)."""
@@ -72,6 +78,12 @@ class ReplayedSaves:
             (self.not_read, "tagged forward values the backward does not read, not saved"),
             (self.untagged_read, "untagged forward values the backward reads, saved"),
             (self.backward_tagged, "backward nodes with inherited save tags, ignored"),
+            (
+                self.constants,
+                "tagged constants the first partition never saw (created by the second "
+                "compilation's joint passes, tag inherited from a backward node), recomputed "
+                "in the backward instead of saved",
+            ),
         )
         return tuple(f"{len(names)} {what}: {_names(names)}" for names, what in lines if names)
 
@@ -110,6 +122,12 @@ def _constants(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return found
 
 
+def _marked_forward(node: torch.fx.Node) -> bool:
+    """AOTAutograd traced ``node`` as part of the forward (nodes a later pass creates carry no
+    ``partitioner_tag``)."""
+    return node.meta.get("partitioner_tag") in ("is_forward", "must_be_in_forward")
+
+
 def _is_random(node: torch.fx.Node) -> bool:
     op = op_overload(node)
     return op is not None and torch.Tag.nondeterministic_seeded in op.tags
@@ -133,11 +151,10 @@ def replayed_saves(graph: torch.fx.Graph | torch.fx.GraphModule) -> ReplayedSave
     if not any(n.meta.get("autograd_backward") is True for n in g.nodes):
         return ReplayedSaves(tuple(n for n in tagged if _as_written(n)))
     constant = _constants(g)
-    read = [
-        n
-        for n in forward
-        if any(user in backward for user in n.users) and (n in tagged or n not in constant)
-    ]
+    tagged_set = set(tagged)
+    read_all = [n for n in forward if any(user in backward for user in n.users)]
+    hoisted = [n for n in read_all if n in constant and n in tagged_set and not _marked_forward(n)]
+    read = [n for n in read_all if n not in constant or (n in tagged_set and _marked_forward(n))]
     read_storages = {storage_base(n) for n in read}
     tagged_storages = {storage_base(n) for n in tagged}
     return ReplayedSaves(
@@ -145,4 +162,5 @@ def replayed_saves(graph: torch.fx.Graph | torch.fx.GraphModule) -> ReplayedSave
         not_read=tuple(n.name for n in tagged if storage_base(n) not in read_storages),
         untagged_read=tuple(n.name for n in read if storage_base(n) not in tagged_storages),
         backward_tagged=backward_tagged,
+        constants=tuple(n.name for n in hoisted),
     )

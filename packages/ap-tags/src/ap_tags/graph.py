@@ -159,10 +159,16 @@ def aliases_input(node: torch.fx.Node) -> bool:
 def storage_base(node: torch.fx.Node) -> torch.fx.Node:
     """The node that owns the storage ``node``'s value lives in (``node`` itself when it is not
     an alias). Saving a view keeps its base alive, so saved sets are counted and sized by base.
-    A ``getitem`` is not an alias: it stands for one output of a multi-output op, i.e. its own
-    storage."""
+    A ``getitem`` stands for one output of a multi-output op: its own storage, unless the op's
+    schema says its outputs alias its input (``split``, ``unbind``, ``chunk``), where it is a
+    view of that input like any other."""
     current = node
     for _ in range(256):  # alias chains are short; the bound only guards malformed graphs
+        if is_getitem(current) and isinstance(current.args[0], torch.fx.Node):
+            if aliases_input(current.args[0]):
+                current = current.args[0]
+                continue
+            break
         source = current.args[0] if current.args else None
         if not aliases_input(current) or not isinstance(source, torch.fx.Node):
             break
