@@ -193,7 +193,6 @@ class Net(nn.Module):
 def build(case: EpCase, world: int) -> Net:
     """The same model on every rank (seeded), experts sharded over ``world`` ranks."""
     import spmd_types as spmd
-    from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.models.common.config_utils import (
         make_moe_config,
         make_routed_experts_config,
@@ -201,7 +200,7 @@ def build(case: EpCase, world: int) -> Net:
     )
     from torchtitan.models.common.moe_sharding import set_moe_sharding_config
 
-    from zoo.models.expert_parallel import fp32_experts
+    from zoo.models.expert_parallel import ep_parallel_dims, fp32_experts
 
     # torchtitan's Qwen3 initialisers (normal, std 0.02), without importing the model package
     init = functools.partial(nn.init.normal_, std=0.02)
@@ -242,18 +241,7 @@ def build(case: EpCase, world: int) -> Net:
         with torch.no_grad():
             moe.expert_bias_E[: case.num_experts // world] = 10.0
     net = Net(moe)
-    dims = ParallelDims(
-        dp_replicate=1,
-        dp_shard=world,
-        cp=1,
-        tp=1,
-        pp=1,
-        ep=world,
-        world_size=world,
-        spmd_backend="partial_dtensor",
-    )
-    dims.build_mesh()
-    moe.parallelize(dims)
+    moe.parallelize(ep_parallel_dims(world))
     fp32_experts(net)
     net.train()
     return net

@@ -50,6 +50,7 @@ __all__ = [
     "EP_MODELS",
     "cpu_expert_parallel",
     "deepseek_v3_ep",
+    "ep_parallel_dims",
     "fp32_experts",
     "qwen3_moe_ep",
 ]
@@ -99,22 +100,28 @@ def fp32_experts(model: nn.Module) -> int:
     return count
 
 
+def ep_parallel_dims(world_size: int) -> Any:
+    """torchtitan's ``ParallelDims`` for experts over the whole world (``ep = dp_shard =
+    world_size``, partial-DTensor SPMD), its mesh built: what ``model.parallelize`` takes."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    dims = ParallelDims(
+        dp_replicate=1,
+        dp_shard=world_size,
+        cp=1,
+        tp=1,
+        pp=1,
+        ep=world_size,
+        world_size=world_size,
+        spmd_backend="partial_dtensor",
+    )
+    dims.build_mesh()
+    return dims
+
+
 def _parallelize(world_size: int, fp32: bool) -> Any:
     def parallelize(model: nn.Module) -> None:
-        from torchtitan.distributed.parallel_dims import ParallelDims
-
-        dims = ParallelDims(
-            dp_replicate=1,
-            dp_shard=world_size,
-            cp=1,
-            tp=1,
-            pp=1,
-            ep=world_size,
-            world_size=world_size,
-            spmd_backend="partial_dtensor",
-        )
-        dims.build_mesh()
-        model.parallelize(dims)  # type: ignore[operator]
+        model.parallelize(ep_parallel_dims(world_size))  # type: ignore[operator]
         if fp32:
             fp32_experts(model)
 
