@@ -84,15 +84,13 @@ CASES: dict[str, Callable[[], nn.Module]] = {
     "transformer_encoder_ce": EncoderCrossEntropy,
 }
 
-#: Cases where the replay saves fewer storages than the first partition, and why.
+#: Cases where the replay saves fewer storages than the first partition: the saves the report
+#: must name (``PartitionReport.dropped_first_saves``), and why they are right to drop.
 FEWER = {
-    "ce_reduction_sum": (
-        "the first partition saved nll_loss_forward's total_weight (a 4-byte fp32 scalar) "
-        "because the first backward's nll_loss_backward takes it as an argument; with "
-        'reduction="sum" it is never read, and the retraced (decomposed) backward does not '
-        "read it, so extraction cannot keep it alive; PartitionReport does not yet name "
-        "first-partition saves the retrace dropped (issue #23 item 3, open)"
-    ),
+    # The first partition saved nll_loss_forward's total_weight (output 1, a 4-byte fp32
+    # scalar) because the first backward's nll_loss_backward takes it as an argument; with
+    # reduction="sum" it is never read, and the retraced (decomposed) backward does not read it.
+    "ce_reduction_sum": ("nll_loss_forward[1]",),
 }
 
 
@@ -108,18 +106,8 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
-def _params() -> list[object]:
-    return [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=FEWER[name])] if name in FEWER else [],
-        )
-        for name in sorted(CASES)
-    ]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_loss_tail_replay_saves_the_first_partitions_storages(name: str) -> None:
     torch.manual_seed(0)
     model = CASES[name]()
@@ -134,10 +122,15 @@ def test_loss_tail_replay_saves_the_first_partitions_storages(name: str) -> None
     first, second = pm.first_partition, backend.saved[0]
     (report,) = reports
     assert not report.fell_back, report.fallback_reason
-    # storage level: the same storages, (dtype, bytes) for (dtype, bytes)
-    assert second.count == first.count, (first.to_dict(), second.to_dict())
-    assert second.storage_keys == first.storage_keys
-    assert second.nbytes == first.nbytes
+    # the only first-partition saves the replay may leave out are the ones it names
+    dropped = FEWER.get(name, ())
+    assert report.dropped_first_saves == dropped, report.notes
+    kept = [b for b, p in zip(first.bases, first.producers, strict=True) if p not in dropped]
+    # storage level: the same storages, (dtype, bytes) for (dtype, bytes), less the named ones
+    assert second.count == len(kept), (first.to_dict(), second.to_dict())
+    assert second.storage_keys == first.storage_keys_without(dropped)
+    by_base = dict(zip(first.bases, first.storage_bytes, strict=True))
+    assert second.nbytes == sum(by_base[b] for b in kept)
     assert (report.saved_activation_count, report.saved_activation_bytes) == (
         second.count,
         second.nbytes,

@@ -200,6 +200,13 @@ def render(
                 if key not in seen:
                     seen.add(key)
                     lines.append(f"* `{r.model}` / `{r.config}` fallback: `{text}`")
+        dropped = sorted({d for rep in r.reports for d in rep.dropped_first_saves})
+        if dropped and r.config == "default":
+            lines.append(
+                f"* `{r.model}` / `{r.config}` replay saves fewer than the first partition: "
+                f"{', '.join(f'`{d}`' for d in dropped)} (first-partition saves the retraced "
+                "backward never reads; the replay is judged exact less these)"
+            )
     lines += ["", "## Models", ""]
     lines += ["| model | library | configuration | parameters |", "|---|---|---|---|"]
     done: set[str] = set()

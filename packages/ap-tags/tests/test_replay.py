@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from ap_tags import MUST_SAVE, MUST_SAVE_INDICES, TAG_SCHEMA, TAG_SCHEMA_VERSION, replayed_saves
+from ap_tags import (
+    MUST_SAVE,
+    MUST_SAVE_INDICES,
+    TAG_SCHEMA,
+    TAG_SCHEMA_VERSION,
+    first_partition_name,
+    replayed_saves,
+)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -321,3 +328,65 @@ def test_a_tagged_forward_constant_the_first_partition_saved_is_saved() -> None:
     resolved = replayed_saves(r.g)
     assert {v.name for v in resolved.values} == {"relu", "full"}
     assert resolved.constants == ()
+
+
+def _from(node: torch.fx.Node, first: torch.fx.Node, pass_name: str = "Interpreter_X") -> None:
+    """Record ``first`` as the node ``node`` was traced from, as ``fx.Interpreter`` does."""
+    from torch.fx.traceback import NodeSource, NodeSourceAction
+
+    node.meta["from_node"] = [NodeSource(first, pass_name, NodeSourceAction.CREATE)]
+
+
+def _first_forward(*names: str) -> dict[str, torch.fx.Node]:
+    """Nodes of a first-partition forward graph, by name (only their names matter)."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    out = {}
+    for name in names:
+        node = g.call_function(aten.relu.default, (x,))
+        node.name = name
+        out[name] = node
+    return out
+
+
+def test_first_partition_saves_the_backward_never_reads_are_named_dropped() -> None:
+    """Cross-entropy with ``reduction="sum"``: the first partition saved ``relu``,
+    ``_log_softmax`` and ``nll_loss_forward``'s output 1 (``total_weight``, an argument its
+    backward never used). The retrace decomposes both ops; the backward reads ``relu`` and the
+    last node of the log-softmax chain, nothing of nll_loss. Only ``nll_loss_forward[1]`` is
+    dropped: the unread interiors of ``_log_softmax`` are not (its value is saved)."""
+    first = _first_forward("relu", "_log_softmax", "nll_loss_forward")
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    relu = r.fwd("relu", aten.relu.default, x, tag=SAVED)
+    amax = r.fwd("amax", aten.amax.default, relu, tag=SAVED)
+    sub_1 = r.fwd("sub_1", aten.sub.Tensor, relu, amax, tag=SAVED)
+    nll_tag = {**SAVED, MUST_SAVE_INDICES: [1]}
+    ne = r.fwd("ne", aten.neg.default, sub_1, tag=nll_tag)
+    total = r.fwd("sum_3", aten.sum.default, ne, tag=nll_tag)
+    for node, source in [(relu, "relu"), (amax, "_log_softmax"), (sub_1, "_log_softmax")]:
+        _from(node, first[source])
+    for node in (ne, total):
+        _from(node, first["nll_loss_forward"])
+    back = r.bwd("mul", aten.mul.Tensor, t, relu)
+    back2 = r.bwd("mul_1", aten.mul.Tensor, back, sub_1)
+    r.done(total, back2)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["relu", "sub_1"]
+    assert resolved.dropped == ("nll_loss_forward[1]",)
+    assert any("nll_loss_forward[1]" in line for line in resolved.notes())
+
+
+def test_provenance_follows_a_named_pass_back_to_the_interpreted_node() -> None:
+    """A joint pass that replaced a node records itself as the source; the first-partition
+    name is the interpreted node behind it. A node no interpreted node produced has none."""
+    first = _first_forward("mm")
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    joint_node = r.fwd("mm_joint", aten.relu.default, x)
+    _from(joint_node, first["mm"])
+    replaced = r.fwd("mm_fused", aten.relu.default, x)
+    _from(replaced, joint_node, pass_name="pattern_matcher")
+    assert first_partition_name(replaced) == "mm"
+    assert first_partition_name(x) is None

@@ -11,6 +11,9 @@ the leak the FSDP recompute tags exist to prevent.
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch.fx
@@ -28,7 +31,11 @@ class SavedSummary:
     storage-level equality compares), bytes per storage (``storage_bytes``, aligned with
     ``bases``) and total bytes. Counting by storage is what makes two partitions comparable:
     the first compilation saves ``rsqrt`` *and* ``detach(rsqrt)``, the second only ``rsqrt`` --
-    two tensors against one, one storage either way."""
+    two tensors against one, one storage either way.
+
+    ``producers`` (aligned with ``bases``) names each storage the way a replay's report does
+    (``PartitionReport.dropped_first_saves``): the base node's name, or ``parent[i]`` for an
+    output of a multi-output op."""
 
     names: tuple[str, ...]
     bases: tuple[str, ...]
@@ -38,6 +45,8 @@ class SavedSummary:
     storage_bytes: tuple[int, ...] = field(default=())
     symbols: tuple[str, ...] = field(default=())
     storage_keys: tuple[tuple[str, int], ...] = field(default=())
+    producers: tuple[str, ...] = field(default=())
+    producer_keys: tuple[tuple[str, int], ...] = field(default=())
 
     @property
     def count(self) -> int:
@@ -48,6 +57,16 @@ class SavedSummary:
     def tensor_count(self) -> int:
         """Saved activation tensors (views of one storage counted each)."""
         return len(self.names)
+
+    def storage_keys_without(self, dropped: Iterable[str]) -> tuple[tuple[str, int], ...]:
+        """``storage_keys`` less the storages whose producer is in ``dropped`` (the saves a
+        replay reported it did not keep): what an exact replay of this partition saves."""
+        gone = set(dropped)
+        keys = Counter(self.storage_keys)
+        for key, producer in zip(self.producer_keys, self.producers, strict=True):
+            if producer in gone:
+                keys[key] -= 1
+        return tuple(sorted(keys.elements()))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -77,4 +96,18 @@ def summarize_forward_saves(fw_module: torch.fx.GraphModule, num_fwd_outputs: in
         storage_bytes=counted.storage_bytes,
         symbols=counted.symbols,
         storage_keys=counted.storage_keys,
+        producers=tuple(_producer(nodes[b]) for b in counted.storages),
+        producer_keys=tuple(
+            (str(nodes[b].meta["val"].dtype), n)
+            for b, n in zip(counted.storages, counted.storage_bytes, strict=True)
+        ),
     )
+
+
+def _producer(node: torch.fx.Node) -> str:
+    """``node``'s name, or ``parent[i]`` for ``getitem(parent, i)`` (the name a replay's
+    provenance gives it: getitems are not dispatched, so the retrace knows only the parent)."""
+    parent = node.args[0] if node.args else None
+    if node.target is operator.getitem and isinstance(parent, torch.fx.Node):
+        return f"{parent.name}[{node.args[1]}]"
+    return node.name

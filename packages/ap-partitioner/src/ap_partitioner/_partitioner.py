@@ -227,7 +227,7 @@ class SaveAllPartitioner(_ReportingPartitioner):
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
             return self._fallback(working_copy(gm), call, reason, [], notes, cause=exc)
-        return fw, bw, {"notes": notes}
+        return fw, bw, {"notes": notes, "dropped_first_saves": replayed.dropped}
 
     @staticmethod
     def _missing_reason(joint: fx.GraphModule, missing: list[str]) -> str:

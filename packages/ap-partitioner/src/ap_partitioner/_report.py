@@ -48,7 +48,10 @@ class PartitionReport:
     (``ap_tags.graph.is_all_gather_output``): keeping one alive means keeping an unsharded weight
     alive. Bytes are storage bytes (symbolic sizes by their hints, 0 when a size has no hint).
     ``backward_collectives`` counts communicating ``_c10d_functional`` ops (waits excluded) the
-    backward runs, i.e. collectives re-run there.
+    backward runs, i.e. collectives re-run there. ``dropped_first_saves`` names the first
+    compilation's saves the replay did not keep because the retraced backward never reads them
+    (``ap_tags.ReplayedSaves.dropped``: first-partition node names, ``parent[i]`` for a saved
+    output of a multi-output op).
     """
 
     partitioner: str
@@ -70,6 +73,7 @@ class PartitionReport:
     fallback_reason: str | None = None
     missing_values: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    dropped_first_saves: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -90,7 +94,8 @@ def build_report(
     """Measure a finished partition (any partitioner's) into a ``PartitionReport``.
 
     ``outcome`` holds the fields the graphs cannot tell (``partition_time_s``, ``fell_back``,
-    ``fallback_reason``, ``missing_values``, ``notes``); an unknown field is a ``TypeError``.
+    ``fallback_reason``, ``missing_values``, ``notes``, ``dropped_first_saves``); an unknown
+    field is a ``TypeError``.
     """
     mod = _compat.partitioners()
     saved = saved_for_backward(fw_module, num_fwd_outputs)

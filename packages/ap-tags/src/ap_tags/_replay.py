@@ -35,6 +35,16 @@ scatter) copy the save tag the backward node they replace inherited, but the fir
 never saw them (an HF causal LM computing its own loss replayed three such saves: two fp32
 scalars and the int64 vocabulary ``iota``).
 
+Saving fewer than the first partition is right only where the retraced backward does not read
+a value, and then the replay says which. Every node traced while an interpreted node runs also
+records that node in ``meta["from_node"]`` (torch's provenance, ``torch.fx.traceback``), so a
+retraced forward node knows the *first partition's* name of the value it computes. ``dropped``
+lists the first partition's saves (by their names there; ``parent[i]`` for a saved output of a
+multi-output op) whose retraced values carry the save tag but none of which the backward reads
+-- e.g. ``nll_loss_forward``'s ``total_weight`` with ``reduction="sum"``, an argument the first
+backward took and never used. A first-partition save whose retrace computes nothing (a no-op
+view) has no node to report it and needs none: its storage is another saved value's.
+
 "Backward" is decided by AOTAutograd's marks (``meta["autograd_backward"]``, every node traced
 while autograd runs the backward) plus tangent reachability. A graph with no backward mark at
 all (hand-built, or traced without provenance) cannot tell what the backward reads from what
@@ -64,6 +74,11 @@ class ReplayedSaves:
     interiors, values the retrace no longer needs) -- not saved. ``untagged_read``: forward
     nodes the backward reads that carry no tag (the tag was lost in the retrace) -- saved.
     ``backward_tagged``: backward nodes carrying save tags they inherited -- ignored.
+    ``constants``: tagged constants a joint pass created -- recomputed, not saved.
+    ``dropped``: the first partition's saves (its node names, ``parent[i]`` for a getitem)
+    whose retraced values the backward does not read -- the storages the replay saves fewer.
+    ``kept``: first-partition names of the values the replay saves (provenance, see
+    ``first_partition_name``); empty on graphs without provenance.
     """
 
     values: tuple[torch.fx.Node, ...]
@@ -71,6 +86,8 @@ class ReplayedSaves:
     untagged_read: tuple[str, ...] = ()
     backward_tagged: tuple[str, ...] = ()
     constants: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
 
     def notes(self) -> tuple[str, ...]:
         """One line per kind of tag the replay did not take as written (for reports)."""
@@ -83,6 +100,10 @@ class ReplayedSaves:
                 "tagged constants the first partition never saw (created by the second "
                 "compilation's joint passes, tag inherited from a backward node), recomputed "
                 "in the backward instead of saved",
+            ),
+            (
+                self.dropped,
+                "first-partition saves the retraced backward does not read, not saved",
             ),
         )
         return tuple(f"{len(names)} {what}: {_names(names)}" for names, what in lines if names)
@@ -133,6 +154,65 @@ def _is_random(node: torch.fx.Node) -> bool:
     return op is not None and torch.Tag.nondeterministic_seeded in op.tags
 
 
+def first_partition_name(node: torch.fx.Node) -> str | None:
+    """The name of the interpreted node ``node`` was traced from, or None for a node no
+    interpreted node produced (a constant a joint pass created).
+
+    That is ``meta["from_node"]``'s nearest source recorded while an ``fx.Interpreter`` ran a
+    node (``pass_name`` ``"Interpreter_<class>"``, or empty from a bare ``set_current_meta``);
+    sources a named graph pass recorded (a pattern replacement) are followed through to theirs.
+    """
+    sources = node.meta.get("from_node")
+    while isinstance(sources, list) and sources:
+        source = sources[-1]
+        name = getattr(source, "name", None)
+        pass_name = getattr(source, "pass_name", None)
+        interpreted = pass_name == "" or (
+            isinstance(pass_name, str) and pass_name.startswith("Interpreter_")
+        )
+        if interpreted and isinstance(name, str):
+            return name
+        sources = getattr(source, "from_node", None)
+    return None
+
+
+def _saved_names(node: torch.fx.Node) -> list[str]:
+    """The first-partition saves ``node``'s tag stands for: the source's name, or one
+    ``source[i]`` per saved getitem index recorded on a multi-output source."""
+    name = first_partition_name(node)
+    if name is None:
+        return []
+    indices = must_save_indices(node)
+    return [f"{name}[{i}]" for i in indices] if indices else [name]
+
+
+def _kept(read: list[torch.fx.Node]) -> tuple[str, ...]:
+    """First-partition names of the values the replay saves: a read value's, or its storage
+    base's (the replay keeps that storage alive), in graph order."""
+    kept: dict[str, None] = {}
+    for node in read:
+        for source in (node, storage_base(node)):
+            name = first_partition_name(source)
+            if name is not None:
+                kept.setdefault(name)
+    return tuple(kept)
+
+
+def _dropped(
+    tagged: list[torch.fx.Node], kept: set[str], backward: set[torch.fx.Node]
+) -> tuple[str, ...]:
+    """First-partition saves none of whose retraced nodes the backward reads (see module doc):
+    tagged forward nodes whose first-partition node is not ``kept``."""
+    dropped: list[str] = []
+    for node in tagged:
+        if node in backward or first_partition_name(node) in kept:
+            continue
+        for name in _saved_names(node):
+            if name not in dropped:
+                dropped.append(name)
+    return tuple(dropped)
+
+
 def replayed_saves(graph: torch.fx.Graph | torch.fx.GraphModule) -> ReplayedSaves:
     """Resolve the first partition's save tags on a retraced joint graph (see module doc)."""
     g = require_graph(graph, where="replayed_saves")
@@ -156,6 +236,7 @@ def replayed_saves(graph: torch.fx.Graph | torch.fx.GraphModule) -> ReplayedSave
     hoisted = [n for n in read_all if n in constant and n in tagged_set and not _marked_forward(n)]
     read = [n for n in read_all if n not in constant or (n in tagged_set and _marked_forward(n))]
     read_storages = {storage_base(n) for n in read}
+    kept = _kept(read)
     tagged_storages = {storage_base(n) for n in tagged}
     return ReplayedSaves(
         values=tuple(read),
@@ -163,4 +244,6 @@ def replayed_saves(graph: torch.fx.Graph | torch.fx.GraphModule) -> ReplayedSave
         untagged_read=tuple(n.name for n in read if storage_base(n) not in tagged_storages),
         backward_tagged=backward_tagged,
         constants=tuple(n.name for n in hoisted),
+        dropped=_dropped([n for n in tagged if n not in constant], set(kept), backward),
+        kept=kept,
     )
