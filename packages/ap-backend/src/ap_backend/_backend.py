@@ -31,6 +31,7 @@ import ap_epchunk
 import ap_tags
 import torch.fx
 from ap_tags.checks import require_graph_module, require_instance
+from ap_tags.tracing import aot_input_index, scalar_outputs_allowed
 
 from ap_backend import _compat
 from ap_backend._artifacts import emit_json, emit_string
@@ -58,6 +59,23 @@ def collective_counts(graph: torch.fx.Graph) -> dict[str, int]:
         if namespace == "_c10d_functional" and name != "wait_tensor":
             counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def described_input_count(graph: torch.fx.Graph) -> int | None:
+    """How many flat arguments of the compiled function ``graph``'s placeholders stand for
+    (``ap_tags.tracing.aot_input_index``, a tensor subclass's inner tensors counted as their
+    argument), or None for a graph without descriptors.
+
+    Why: AOTAutograd partitions the body of a nested compiled region (``invoke_subgraph``, e.g.
+    an attention block a library marks for reuse) as a joint graph of its own, through the same
+    joint pass as the graph Dynamo handed the backend; its placeholders stand for the region's
+    arguments, not for the compiled graph's inputs."""
+    placeholders = [p for p in graph.find_nodes(op="placeholder") if p.meta.get("desc") is not None]
+    if not placeholders:
+        return None
+    indices = {aot_input_index(p, through_subclasses=True) for p in placeholders}
+    indices.discard(None)
+    return len(indices)
 
 
 class AutoParallelBackend:
@@ -113,7 +131,7 @@ class AutoParallelBackend:
         self, gm: torch.fx.GraphModule, joint_inputs: Any, graph_inputs: Sequence[Any] = ()
     ) -> torch.fx.GraphModule:
         opts = self.options
-        described = _compat.described_input_count(gm.graph)
+        described = described_input_count(gm.graph)
         nested = described is not None and described != len(graph_inputs)
         if opts.ep_chunk is not None and nested:
             # a nested compiled region's own joint graph (invoke_subgraph): its regions, if
@@ -181,7 +199,7 @@ class AutoParallelBackend:
         joint_pass = functools.partial(self._joint_pass, graph_inputs=list(example_inputs))
         with (
             partitioning(self._partitioner, joint_pass if needs_joint_pass else None),
-            _compat.scalar_outputs_allowed(example_inputs),
+            scalar_outputs_allowed(example_inputs),
         ):
             compiled = _compat.compile_fx()(
                 gm,

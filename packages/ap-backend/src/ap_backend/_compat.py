@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -163,57 +163,6 @@ def fake_mode_with_shape_env() -> Any:
     mode_type: Any = SUPPORT.attr("torch._subclasses.fake_tensor", "FakeTensorMode")
     shape_env_type: Any = SUPPORT.attr("torch.fx.experimental.symbolic_shapes", "ShapeEnv")
     return mode_type(shape_env=shape_env_type(), allow_non_fake_inputs=True)
-
-
-@contextlib.contextmanager
-def scalar_outputs_allowed(example_inputs: Any) -> Iterator[None]:
-    """Within the block, the compiling graph's fake mode lets ``_local_scalar_dense`` make
-    unbacked symbols (``FakeTensorMode.allow_scalar_outputs``), restored on exit.
-
-    Why: a precompiled module's graphs may read split sizes into Python (``.tolist()``), which
-    the first compilation recorded as unbacked symbols. Dynamo records them while it runs the
-    graph (ap-tags' replay scope), but Inductor re-propagates fake tensors through the graph it
-    is given, in the same fake mode, which refuses such reads unless Dynamo was configured with
-    ``capture_scalar_outputs``. Those reads were accepted once; the backend accepts them
-    again for its own compile only."""
-    detect: Any = SUPPORT.attr("torch._guards", "detect_fake_mode")
-    fake_mode = detect(list(example_inputs))
-    if fake_mode is None or fake_mode.shape_env is None:
-        yield
-        return
-    old = fake_mode.allow_scalar_outputs
-    fake_mode.allow_scalar_outputs = True
-    try:
-        yield
-    finally:
-        fake_mode.allow_scalar_outputs = old
-
-
-def described_input_count(graph: torch.fx.Graph) -> int | None:
-    """How many flat arguments of the compiled function ``graph``'s placeholders stand for
-    (AOTAutograd's ``meta["desc"]``: ``PlainAOTInput(idx)``, directly or as the base of a
-    tensor subclass's inner tensor), or None for a graph without descriptors.
-
-    Why: AOTAutograd partitions the body of a nested compiled region (``invoke_subgraph``, e.g.
-    an attention block a library marks for reuse) as a joint graph of its own, through the same
-    joint pass as the graph Dynamo handed the backend; its placeholders stand for the region's
-    arguments, not for the compiled graph's inputs."""
-    descriptors: Any = SUPPORT.attrs(
-        "torch._functorch._aot_autograd.descriptors",
-        ("PlainAOTInput", "SubclassGetAttrAOTInput"),
-    )
-    indices: set[int] = set()
-    described = False
-    for node in graph.find_nodes(op="placeholder"):
-        desc = node.meta.get("desc")
-        if desc is None:
-            continue
-        described = True
-        while isinstance(desc, descriptors.SubclassGetAttrAOTInput):
-            desc = desc.base
-        if isinstance(desc, descriptors.PlainAOTInput):
-            indices.add(int(desc.idx))
-    return len(indices) if described else None
 
 
 def data_dependent_errors() -> dict[type[BaseException], str]:

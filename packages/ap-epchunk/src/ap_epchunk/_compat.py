@@ -114,20 +114,6 @@ def floor_div(expr: sympy.Expr, divisor: int) -> sympy.Expr:
     return result
 
 
-@functools.cache
-def plain_input_index(node: torch.fx.Node) -> int | None:
-    """``i`` when placeholder ``node`` is the compiled function's flat argument ``i`` as a
-    whole (AOTAutograd's ``meta["desc"]`` is ``PlainAOTInput(idx=i)``), else None: a
-    parameter, a buffer, a tensor subclass's inner tensor (``SubclassGetAttrAOTInput``: a
-    DTensor argument is one placeholder per inner tensor), a size, a tangent, or a graph
-    without descriptors."""
-    desc = node.meta.get("desc")
-    if desc is None:
-        return None
-    plain = SUPPORT.attr("torch._functorch._aot_autograd.descriptors", "PlainAOTInput")
-    return int(desc.idx) if isinstance(desc, plain) else None
-
-
 def all_reduce_op() -> Any | None:
     """``torch.ops._c10d_functional.all_reduce.default``; None when this torch lacks it (then
     no graph can contain one)."""

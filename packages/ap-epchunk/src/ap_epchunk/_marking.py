@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import torch
 import torch.fx
 from ap_tags.checks import require_instance, require_int
+from ap_tags.tracing import aot_input_index
 
-from ._compat import mark_unbacked_fn, plain_input_index
+from ._compat import mark_unbacked_fn
 from ._config import ChunkConfig
 from ._errors import ChunkError
 
@@ -79,7 +80,7 @@ def chunk_inputs_from_marks(
     if config.chunk_inputs:
         return config
     placeholders = list(graph.find_nodes(op="placeholder"))
-    by_index = {plain_input_index(p): p for p in placeholders}
+    by_index = {aot_input_index(p): p for p in placeholders}
     by_index.pop(None, None)
     if not any(p.meta.get("desc") is not None for p in placeholders):
         by_index = dict(enumerate(placeholders))

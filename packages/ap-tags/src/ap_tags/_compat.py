@@ -118,6 +118,37 @@ def _scalar_outputs_allowed(fake_mode: Any) -> Iterator[None]:
         fake_mode.allow_scalar_outputs = old
 
 
+def fake_mode_of(values: Sequence[Any]) -> Any | None:
+    """The fake mode a trace over ``values`` runs in (its TracingContext's, else the one active
+    or under the values), or None."""
+    return SUPPORT.attr("torch._guards", "detect_fake_mode")(list(values))
+
+
+def scalar_outputs_allowed(values: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
+    """``FakeTensorMode.allow_scalar_outputs`` set on the fake mode of ``values`` within the
+    block, restored on exit (nothing when there is no fake mode with a shape env)."""
+    fake_mode = fake_mode_of(values)
+    if fake_mode is None or fake_mode.shape_env is None:
+        return contextlib.nullcontext()
+    return _scalar_outputs_allowed(fake_mode)
+
+
+def aot_input_index(node: torch.fx.Node, *, through_subclasses: bool) -> int | None:
+    """``i`` when placeholder ``node``'s AOTAutograd descriptor (``meta["desc"]``) is
+    ``PlainAOTInput(idx=i)`` -- or, with ``through_subclasses``, the inner tensor of such an
+    input (``SubclassGetAttrAOTInput`` followed to its base); else None."""
+    desc = node.meta.get("desc")
+    if desc is None:
+        return None
+    descriptors: Any = SUPPORT.attrs(
+        "torch._functorch._aot_autograd.descriptors",
+        ("PlainAOTInput", "SubclassGetAttrAOTInput"),
+    )
+    while through_subclasses and isinstance(desc, descriptors.SubclassGetAttrAOTInput):
+        desc = desc.base
+    return int(desc.idx) if isinstance(desc, descriptors.PlainAOTInput) else None
+
+
 def replay_scope(args: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
     """The scope in which a recorded graph is re-executed on fake tensors (a later trace
     running the first compilation's forward/backward graphs).
@@ -133,8 +164,7 @@ def replay_scope(args: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
       otherwise the caller fails with "pending unbacked symbols not in returned outputs".
       Under a proxy mode each op is recorded and binds its own symbols.
     """
-    # the tracer's fake mode (its TracingContext's, else the one active or under the args)
-    fake_mode = SUPPORT.attr("torch._guards", "detect_fake_mode")(list(args))
+    fake_mode = fake_mode_of(args)
     if fake_mode is None or fake_mode.shape_env is None:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
