@@ -43,6 +43,7 @@ __all__ = [
     "AP_CONFIGS",
     "BUCKET_FORM_CONFIGS",
     "CONFIGS",
+    "OPTION_CONFIGS",
     "FP32_RTOL",
     "GRAD_FLOOR",
     "CaseResult",
@@ -69,7 +70,16 @@ BUCKET_FORM_CONFIGS: dict[str, dict[str, Any]] = {
     }
     for mode in ("default", "custom_ops")
 }
-CONFIGS: tuple[str, ...] = ("stock", *AP_CONFIGS, *BUCKET_FORM_CONFIGS)
+#: Each remaining backend option alone (issue #23 item 4: every option a user can pass runs at
+#: 2 ranks or is refused): bucketing without overlap scheduling, overlap scheduling without
+#: bucketing, torch's min-cut in place of the save-all replay. Not part of a whole-zoo run
+#: unless asked for.
+OPTION_CONFIGS: dict[str, dict[str, Any]] = {
+    "bucket": {"bucketing": True},
+    "overlap": {"overlap_scheduling": True},
+    "min_cut": {"partitioner": "min_cut"},
+}
+CONFIGS: tuple[str, ...] = ("stock", *AP_CONFIGS, *BUCKET_FORM_CONFIGS, *OPTION_CONFIGS)
 
 #: fp32 numerics criterion (normwise relative error, see :func:`rel_err`).
 FP32_RTOL = 1e-5
@@ -447,7 +457,9 @@ def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[s
     res.first = _saved(pm.first_partition)
 
     stage[0] = "torch.compile(backend=autoparallel_backend)"
-    backend = autoparallel_backend(**{**AP_CONFIGS, **BUCKET_FORM_CONFIGS}[config])
+    backend = autoparallel_backend(
+        **{**AP_CONFIGS, **BUCKET_FORM_CONFIGS, **OPTION_CONFIGS}[config]
+    )
     compiled = torch.compile(pm, backend=backend)
 
     def first_step(seconds: float) -> None:

@@ -100,7 +100,10 @@ class AutoParallelBackend:
         self.compile_seconds: list[float] = []
         self.inner_compiles: list[dict[str, Any]] = []
         self._partitioner = MeasuringPartitioner(
-            make_partitioner(options.partitioner, self._on_partition_report), self._on_saved
+            make_partitioner(
+                options.partitioner, self._on_partition_report, options.activation_budget_bytes
+            ),
+            self._on_saved,
         )
         self._persistent_patches = self._config_patches()
         self._ac_pass = (
@@ -219,6 +222,7 @@ def autoparallel_backend(
     bucketing: ap_bucketing.BucketingConfig | bool | None = None,
     ep_chunk: ap_epchunk.ChunkConfig | None = None,
     partitioner: str | Any | None = None,
+    activation_budget_bytes: int | None = None,
 ) -> AutoParallelBackend:
     """A ``torch.compile`` backend composing the ap passes around Inductor.
 
@@ -232,6 +236,11 @@ def autoparallel_backend(
       and concretizes the chunk symbols before partitioning.
     * ``partitioner``: ``None``/``"save_all"`` (replay the first compile's saves), ``"min_cut"``,
       or any ``CustomPartitionerFn``.
+    * ``activation_budget_bytes``: with the save-all replay, keep each partition's saved
+      activations at or under this many bytes per rank, recomputing the cheapest replayed saves
+      in the backward (``ap_partitioner.SaveAllPartitioner(activation_budget_bytes=...)``; the
+      report's ``budget_*`` fields say what it cost); a budget under the graph's floor is an
+      ``ap_partitioner.BudgetError`` naming the floor.
 
     Raises ``TypeError`` (an option of the wrong type) or ``ValueError`` (an option value that
     is not allowed) naming the first invalid option.

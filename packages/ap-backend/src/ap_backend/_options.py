@@ -17,7 +17,7 @@ import ap_epchunk
 import ap_tags
 import torch.fx
 from ap_bucketing import BucketingConfig
-from ap_tags.checks import describe, require_bool, require_instance
+from ap_tags.checks import describe, require_bool, require_instance, require_int
 
 from ap_backend import _compat
 
@@ -47,6 +47,7 @@ class BackendOptions:
     bucketing: BucketingConfig | None
     ep_chunk: ap_epchunk.ChunkConfig | None
     partitioner: PartitionerChoice
+    activation_budget_bytes: int | None = None
 
 
 def _check_bucketing(value: object, where: str) -> BucketingConfig | None:
@@ -101,9 +102,25 @@ def validate_options(
     bucketing: object = None,
     ep_chunk: object = None,
     partitioner: object = None,
+    activation_budget_bytes: object = None,
 ) -> BackendOptions:
     """The options as a :class:`BackendOptions` (defaults: ``autoparallel_backend``'s);
     ``where`` names the caller in messages."""
+    choice = _check_partitioner(partitioner, where)
+    budget = (
+        None
+        if activation_budget_bytes is None
+        else require_int(
+            activation_budget_bytes, where=where, arg="activation_budget_bytes", minimum=0
+        )
+    )
+    if budget is not None and choice != "save_all":
+        raise ValueError(
+            f"{where}: activation_budget_bytes applies to the save-all replay "
+            f"(partitioner=None or 'save_all'), not to partitioner={partitioner!r}; for a "
+            "partitioner instance, pass ap_partitioner.SaveAllPartitioner("
+            "activation_budget_bytes=...)"
+        )
     return BackendOptions(
         enable_ac=require_bool(enable_ac, where=where, arg="enable_ac"),
         ac_stage_size_gib=ap_tags.check_stage_size(
@@ -112,5 +129,6 @@ def validate_options(
         overlap_scheduling=require_bool(overlap_scheduling, where=where, arg="overlap_scheduling"),
         bucketing=_check_bucketing(bucketing, where),
         ep_chunk=_check_ep_chunk(ep_chunk, where),
-        partitioner=_check_partitioner(partitioner, where),
+        partitioner=choice,
+        activation_budget_bytes=budget,
     )

@@ -23,9 +23,15 @@ __all__ = ["JointPass", "MeasuringPartitioner", "make_partitioner", "partitionin
 JointPass = Callable[[torch.fx.GraphModule, Any], torch.fx.GraphModule]
 
 
-def make_partitioner(choice: PartitionerChoice, on_report: Callable[[Any], None]) -> Partitioner:
+def make_partitioner(
+    choice: PartitionerChoice,
+    on_report: Callable[[Any], None],
+    activation_budget_bytes: int | None = None,
+) -> Partitioner:
     if choice == "save_all":
-        return ap_partitioner.SaveAllPartitioner(on_report=on_report)
+        return ap_partitioner.SaveAllPartitioner(
+            on_report=on_report, activation_budget_bytes=activation_budget_bytes
+        )
     if choice == "min_cut":
         return ap_partitioner.MinCutPartitioner(on_report=on_report)
     assert not isinstance(choice, str)

@@ -9,6 +9,7 @@ from importlib.metadata import version as _distribution_version
 
 from ap_tags.graph import is_all_gather_output
 
+from ap_partitioner._budget import BudgetError, BudgetOutcome, DroppedSave, fit_to_budget
 from ap_partitioner._compat import SUPPORT as _TORCH_SUPPORT
 from ap_partitioner._compat import TESTED_TORCH, UnsupportedTorchError
 from ap_partitioner._dce import wait_tensor_dce
@@ -26,6 +27,9 @@ _TORCH_SUPPORT.warn_if_untested()  # one warning on a torch newer than every TES
 
 __all__ = [
     "TESTED_TORCH",
+    "BudgetError",
+    "BudgetOutcome",
+    "DroppedSave",
     "MinCutPartitioner",
     "PartitionReport",
     "ReplayError",
@@ -33,6 +37,7 @@ __all__ = [
     "SaveAllPartitioner",
     "UnsupportedTorchError",
     "__version__",
+    "fit_to_budget",
     "is_all_gather_output",
     "plan_saves",
     "report_for",

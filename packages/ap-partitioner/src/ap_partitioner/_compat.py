@@ -209,6 +209,15 @@ def _dropout_statically_zero(node: fx.Node) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
 
 
+def flop_formula(op: Any) -> Any | None:
+    """``torch.utils.flop_counter``'s FLOP formula for ``op``'s packet (called with the op's
+    arguments and ``out_val=``; tensors are read for their shapes), or None for an op it does
+    not count."""
+    registry = SUPPORT.attr("torch.utils.flop_counter", "flop_registry")
+    packet = getattr(op, "overloadpacket", op)
+    return registry.get(packet)
+
+
 def is_random(node: fx.Node) -> bool:
     """An op whose recomputation would draw different random numbers.
 

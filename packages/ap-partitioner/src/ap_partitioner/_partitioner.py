@@ -27,6 +27,7 @@ from ap_tags.checks import require_bool, require_callable, require_graph_module,
 from ap_tags.scoped import paused_gc
 
 from ap_partitioner import _compat
+from ap_partitioner._budget import budget_fields, budget_notes, fit_to_budget
 from ap_partitioner._call_args import PartitionCall, check_call
 from ap_partitioner._compat import CustomPartitionerFn
 from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
@@ -149,6 +150,10 @@ class SaveAllPartitioner(_ReportingPartitioner):
     also fall back; tags of another tag-schema version always raise ``ap_tags.TagSchemaError``); ``on_report`` receives a :class:`PartitionReport` per call;
     ``dce_unused_waits`` wraps the partition in :func:`wait_tensor_dce` so an unused wait (and
     the cast parameter feeding its all-gather) is not handed to the backward.
+    ``activation_budget_bytes``: keep the saved activations of each partition at or under this
+    many bytes by recomputing the cheapest replayed saves in the backward
+    (:mod:`ap_partitioner._budget`); a budget under the graph's floor raises
+    :class:`BudgetError` naming the floor (never a fallback).
     """
 
     name = "save_all"
@@ -159,11 +164,19 @@ class SaveAllPartitioner(_ReportingPartitioner):
         on_report: ReportCallback | None = None,
         *,
         dce_unused_waits: bool = True,
+        activation_budget_bytes: int | None = None,
     ) -> None:
         owner = type(self).__name__
         self.strict = require_bool(strict, where=owner, arg="strict")
         self.on_report = require_callable(on_report, where=owner, arg="on_report", optional=True)
         self.dce_unused_waits = require_bool(dce_unused_waits, where=owner, arg="dce_unused_waits")
+        self.activation_budget_bytes = (
+            None
+            if activation_budget_bytes is None
+            else require_int(
+                activation_budget_bytes, where=owner, arg="activation_budget_bytes", minimum=0
+            )
+        )
 
     def uuid(self) -> str:
         """Changes with this package's code, with ap-tags' version and code (the rules read the
@@ -172,7 +185,10 @@ class SaveAllPartitioner(_ReportingPartitioner):
         A ``None`` uuid would not bypass Inductor's caches: with a warm cache the partitioner
         would be silently skipped. ``on_report`` is an observer and is not part of the key.
         """
-        opts = f"strict={self.strict};dce_unused_waits={self.dce_unused_waits}"
+        opts = (
+            f"strict={self.strict};dce_unused_waits={self.dce_unused_waits};"
+            f"activation_budget_bytes={self.activation_budget_bytes}"
+        )
         key = f"{self.name};{source_hash()};{dependencies_key()};{opts}"
         return hashlib.sha256(key.encode()).hexdigest()
 
@@ -218,6 +234,12 @@ class SaveAllPartitioner(_ReportingPartitioner):
                 *notes,
                 f"views of saved values recomputed from their base: {', '.join(views)}",
             )
+        budget: dict[str, object] = {}
+        if self.activation_budget_bytes is not None:
+            fitted = fit_to_budget(pro.module.graph, plan, self.activation_budget_bytes)
+            plan = fitted.plan
+            budget = budget_fields(fitted)
+            notes = (*notes, *budget_notes(fitted))
         missing = missing_values(pro.module, plan, num_fwd_outputs)
         if missing:
             reason = self._missing_reason(pro.module, missing)
@@ -227,7 +249,7 @@ class SaveAllPartitioner(_ReportingPartitioner):
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
             return self._fallback(working_copy(gm), call, reason, [], notes, cause=exc)
-        return fw, bw, {"notes": notes, "dropped_first_saves": replayed.dropped}
+        return fw, bw, {"notes": notes, "dropped_first_saves": replayed.dropped, **budget}
 
     @staticmethod
     def _missing_reason(joint: fx.GraphModule, missing: list[str]) -> str:

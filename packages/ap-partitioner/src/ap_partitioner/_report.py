@@ -51,7 +51,11 @@ class PartitionReport:
     backward runs, i.e. collectives re-run there. ``dropped_first_saves`` names the first
     compilation's saves the replay did not keep because the retraced backward never reads them
     (``ap_tags.ReplayedSaves.dropped``: first-partition node names, ``parent[i]`` for a saved
-    output of a multi-output op).
+    output of a multi-output op). With an activation budget (``SaveAllPartitioner(
+    activation_budget_bytes=...)``): ``budget_bytes``, the graph's ``budget_floor_bytes`` (every
+    recomputable save recomputed), ``budget_replay_bytes`` (what the replay alone saves),
+    ``recompute_flops`` / ``recompute_bytes_moved`` the recomputation added, and
+    ``budget_dropped`` the saves recomputed instead (``name (module fqn)``), best first.
     """
 
     partitioner: str
@@ -74,6 +78,12 @@ class PartitionReport:
     missing_values: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     dropped_first_saves: tuple[str, ...] = ()
+    budget_bytes: int | None = None
+    budget_floor_bytes: int | None = None
+    budget_replay_bytes: int | None = None
+    recompute_flops: int = 0
+    recompute_bytes_moved: int = 0
+    budget_dropped: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -1,0 +1,294 @@
+"""``fit_to_budget``: keep the replay's saved activations under a byte budget.
+
+The replay saves exactly what the first compilation saved. A user who must fit a memory budget
+("at most N bytes of saved activations per rank") needs fewer saves and some recomputation in
+the backward. This module starts from the replay's plan -- so every first-compilation decision
+the budget allows is kept -- and drops saved values one at a time, best *bytes freed per unit
+of recompute cost* first, until the saved bytes fit.
+
+Dropping value ``v`` means the backward recomputes it, and with it every forward node between
+``v`` and values the backward still has (saved values and graph inputs): ``v``'s *recompute
+closure*. A value is droppable only when that closure is safe to run twice with the same
+result:
+
+* no collective, except inside a chain the first compilation already marked
+  ``MUST_RECOMPUTE`` (the FSDP all-gathers the backward re-runs anyway);
+* no random op (``_compat.is_random``: it would draw new numbers), no mutation or forward-only
+  effect (``must_be_in_forward``, ``with_effects``).
+
+Cost of a closure: FLOPs by ``torch.utils.flop_counter``'s formulas for the ops it knows
+(matmuls, convolutions, attention), bytes read + written for every other op (memory bound);
+both in one unit (a FLOP and a byte count the same), reported apart. A node already recomputed
+for an earlier drop costs nothing again. The greedy order does not depend on the budget, so
+one pass down to the *floor* (no droppable value left) gives both the floor and, as the
+shortest prefix that fits, the plan for any budget; a budget under the floor is refused with
+the floor in the message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from ap_tags.counting import count_saved_values
+from ap_tags.graph import is_collective, is_wait, node_nbytes, op_overload, size_hint, storage_base
+from ap_tags.scoped import paused_gc
+
+from ap_partitioner import _compat
+from ap_partitioner._rules import SavePlan, is_must_recompute
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BudgetError",
+    "BudgetOutcome",
+    "DroppedSave",
+    "budget_fields",
+    "budget_notes",
+    "fit_to_budget",
+]
+
+
+class BudgetError(ValueError):
+    """The activation budget is below what this graph can reach (its floor)."""
+
+    def __init__(self, budget: int, floor: int, replay: int) -> None:
+        self.budget = budget
+        self.floor = floor
+        self.replay = replay
+        super().__init__(
+            f"activation_budget_bytes={budget:,} is below this graph's floor of {floor:,} bytes "
+            f"(the saved activations left when every recomputable value is recomputed; the "
+            f"replay saves {replay:,}): pass activation_budget_bytes >= {floor:,}"
+        )
+
+
+@dataclass(frozen=True)
+class DroppedSave:
+    """One saved value the budget recomputes instead: its node, module, the bytes its drop
+    freed and what its recompute closure added (FLOPs, bytes moved, nodes)."""
+
+    name: str
+    module_fqn: str | None
+    freed_bytes: int
+    flops: int
+    bytes_moved: int
+    recomputed: int
+
+
+@dataclass(frozen=True)
+class BudgetOutcome:
+    """The plan that fits ``budget_bytes`` and what it cost."""
+
+    plan: SavePlan
+    budget_bytes: int
+    before_bytes: int
+    after_bytes: int
+    floor_bytes: int
+    dropped: tuple[DroppedSave, ...] = field(default=())
+
+    @property
+    def recompute_flops(self) -> int:
+        return sum(d.flops for d in self.dropped)
+
+    @property
+    def recompute_bytes_moved(self) -> int:
+        return sum(d.bytes_moved for d in self.dropped)
+
+
+def _hinted(value: object) -> object:
+    """A meta tensor with ``value``'s dtype and hinted shape (flop formulas need ints)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    shape = [size_hint(s) or 0 for s in value.shape]
+    return torch.empty(shape, dtype=value.dtype, device="meta")
+
+
+def _val(arg: object) -> object:
+    if isinstance(arg, fx.Node):
+        return _hinted(arg.meta.get("val"))
+    if isinstance(arg, list | tuple):
+        return type(arg)(_val(a) for a in arg)
+    return arg
+
+
+def _tensor_bytes(value: object) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.numel()) * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def node_cost(node: fx.Node) -> tuple[int, int]:
+    """``(flops, bytes_moved)`` of running ``node`` once: a FLOP formula's count for the ops
+    ``torch.utils.flop_counter`` knows (then no bytes), else the bytes of its tensor inputs and
+    outputs. Views and getitems move nothing."""
+    if node.op != "call_function":
+        return 0, 0
+    op = op_overload(node)
+    if op is None:
+        return 0, 0
+    formula = _compat.flop_formula(op)
+    args = tuple(_val(a) for a in node.args)
+    out = _val(node)
+    if formula is not None:
+        try:
+            kwargs = {k: _val(v) for k, v in node.kwargs.items()}
+            return int(formula(*args, out_val=out, **kwargs)), 0
+        except Exception:  # a formula that cannot read these args: fall back to bytes
+            log.debug("fit_to_budget: no FLOP count for %s", node.name, exc_info=True)
+    if op.is_view or op is torch.ops.aten.detach.default:
+        return 0, 0
+    return 0, _tensor_bytes(args) + _tensor_bytes(out)
+
+
+def is_unsafe_to_recompute(node: fx.Node) -> bool:
+    """``node`` must not run again in the backward (module doc): a collective outside a
+    ``MUST_RECOMPUTE`` chain, a random op, a mutation or forward-only effect."""
+    if node.op != "call_function":
+        return False
+    if (is_collective(node) or is_wait(node)) and not is_must_recompute(node):
+        return True
+    if _compat.is_random(node) or _compat.is_with_effects(node):
+        return True
+    mod = _compat.partitioners()
+    return bool(mod._must_be_in_forward(node))
+
+
+def recompute_closure(node: fx.Node, available: set[fx.Node]) -> list[fx.Node] | None:
+    """The forward nodes the backward must run to recompute ``node`` from ``available``
+    values (``node`` included), or None when one of them is unsafe to recompute or is a
+    graph input that is not available."""
+    closure: dict[fx.Node, None] = {}
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current in closure:
+            continue
+        if current.op == "placeholder" or is_unsafe_to_recompute(current):
+            return None
+        closure[current] = None
+        stack.extend(i for i in current.all_input_nodes if i not in available)
+    return list(closure)
+
+
+def _saved_bytes(values: Iterable[fx.Node]) -> int:
+    return count_saved_values(values).nbytes
+
+
+def _storage_users(values: Sequence[fx.Node]) -> dict[fx.Node, int]:
+    """Per activation storage: how many saved values keep it alive (inputs excluded)."""
+    users: dict[fx.Node, int] = {}
+    for v in values:
+        base = storage_base(v)
+        if base.op != "placeholder" and isinstance(base.meta.get("val"), torch.Tensor):
+            users[base] = users.get(base, 0) + 1
+    return users
+
+
+def _module_fqn(node: fx.Node) -> str | None:
+    custom = node.meta.get("custom")
+    fqn = custom.get("module_fqn") if isinstance(custom, dict) else None
+    return fqn if isinstance(fqn, str) else None
+
+
+def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx.Node, int]]:
+    """Every drop down to the floor, best score first: ``(record, node, saved bytes after)``.
+
+    Graph inputs are always available to the backward (the caller holds them; saving one
+    costs nothing), as are the plan's symbols and opaque values."""
+    saved = list(plan.values)
+    available = {*saved, *plan.sym_nodes, *plan.opaque_nodes, *graph.find_nodes(op="placeholder")}
+    users = _storage_users(saved)
+    recomputed: set[fx.Node] = set()
+    costs: dict[fx.Node, tuple[int, int]] = {}
+    current = _saved_bytes(saved)
+    out: list[tuple[DroppedSave, fx.Node, int]] = []
+    while True:
+        best: tuple[float, fx.Node, list[fx.Node], int] | None = None
+        for v in saved:
+            base = storage_base(v)
+            if v.op != "call_function" or users.get(base) != 1:
+                continue  # an input, or a storage another saved value keeps alive anyway
+            closure = recompute_closure(v, available - {v})
+            if closure is None:
+                continue
+            freed = node_nbytes(base)
+            fresh = [n for n in closure if n not in recomputed]
+            cost = sum(sum(costs.setdefault(n, node_cost(n))) for n in fresh)
+            score = freed / (cost + 1)
+            if freed > 0 and (best is None or score > best[0]):
+                best = (score, v, fresh, freed)
+        if best is None:
+            return out
+        _, v, fresh, freed = best
+        saved.remove(v)
+        available.discard(v)
+        del users[storage_base(v)]
+        recomputed.update(fresh)
+        current -= freed
+        flops = sum(costs[n][0] for n in fresh)
+        moved = sum(costs[n][1] for n in fresh)
+        record = DroppedSave(v.name, _module_fqn(v), freed, flops, moved, len(fresh))
+        out.append((record, v, current))
+
+
+def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetOutcome:
+    """``plan`` with the fewest-cost drops that bring its saved activation bytes to
+    ``budget_bytes`` or below (module doc). Raises :class:`BudgetError` when the budget is
+    below the floor. ``plan`` itself is not changed."""
+    before = _saved_bytes(plan.values)
+    with paused_gc():
+        drops = _greedy_drops(graph, plan)
+    floor = drops[-1][2] if drops else before
+    if budget_bytes < floor:
+        raise BudgetError(budget_bytes, floor, before)
+    taken: list[tuple[DroppedSave, fx.Node, int]] = []
+    after = before
+    for record, node, remaining in drops:
+        if after <= budget_bytes:
+            break
+        taken.append((record, node, remaining))
+        after = remaining
+    gone = {node for _, node, _ in taken}
+    kept = SavePlan(
+        [v for v in plan.values if v not in gone], list(plan.sym_nodes), list(plan.opaque_nodes)
+    )
+    return BudgetOutcome(
+        plan=kept,
+        budget_bytes=budget_bytes,
+        before_bytes=before,
+        after_bytes=after,
+        floor_bytes=floor,
+        dropped=tuple(record for record, _, _ in taken),
+    )
+
+
+def budget_fields(outcome: BudgetOutcome) -> dict[str, object]:
+    """The ``PartitionReport`` fields of ``outcome``."""
+    return {
+        "budget_bytes": outcome.budget_bytes,
+        "budget_floor_bytes": outcome.floor_bytes,
+        "budget_replay_bytes": outcome.before_bytes,
+        "recompute_flops": outcome.recompute_flops,
+        "recompute_bytes_moved": outcome.recompute_bytes_moved,
+        "budget_dropped": tuple(
+            f"{d.name} ({d.module_fqn})" if d.module_fqn else d.name for d in outcome.dropped
+        ),
+    }
+
+
+def budget_notes(outcome: BudgetOutcome) -> tuple[str, ...]:
+    """One line for the report's notes (and the log)."""
+    line = (
+        f"activation budget {outcome.budget_bytes:,} B: saved {outcome.before_bytes:,} -> "
+        f"{outcome.after_bytes:,} B (floor {outcome.floor_bytes:,} B), {len(outcome.dropped)} "
+        f"saves recomputed: +{outcome.recompute_flops:,} FLOPs, "
+        f"+{outcome.recompute_bytes_moved:,} B moved"
+    )
+    log.info("fit_to_budget: %s", line)
+    return (line,)

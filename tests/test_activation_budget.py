@@ -1,0 +1,169 @@
+"""``SaveAllPartitioner(activation_budget_bytes=...)`` through ``precompile`` + the backend
+(issue #25 items 1-2): for budgets from the floor to the replay's bytes, the compiled graph
+saves at most the budget -- exactly what the report says -- and trains like eager; a budget
+under the floor is one error naming the floor; bad budgets are refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ap_backend
+import ap_partitioner
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+V = 64
+
+
+class Net(nn.Module):
+    """Embedding -> two GELU MLP blocks with LayerNorm (and dropout) -> vocabulary head ->
+    cross-entropy."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(V, 32)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(32),
+                nn.Linear(32, 96),
+                nn.GELU(),
+                nn.Dropout(dropout),
+                nn.Linear(96, 32),
+            )
+            for _ in range(2)
+        )
+        self.head = nn.Linear(32, V)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return F.cross_entropy(self.head(h).view(-1, V), labels.view(-1))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch.compiler.reset()
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, V, (4, 16), generator=g), torch.randint(0, V, (4, 16), generator=g)
+
+
+def _run(budget: int | None, dropout: float = 0.0) -> tuple[Any, torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = Net(dropout)
+    ids, labels = _batch()
+    reports: list[Any] = []
+    pm = ap_backend.precompile(model, (ids, labels))
+    partitioner = ap_partitioner.SaveAllPartitioner(
+        strict=True, on_report=reports.append, activation_budget_bytes=budget
+    )
+    backend = ap_backend.autoparallel_backend(partitioner=partitioner)
+    loss = torch.compile(pm, backend=backend)(ids, labels)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    (report,) = reports
+    assert backend.saved[0].nbytes == report.saved_activation_bytes  # the compiled graph's
+    return report, loss.detach(), grads
+
+
+def _eager() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = Net()
+    loss = model(*_batch())
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.slow
+def test_every_budget_from_the_floor_to_the_replay_fits_and_trains_like_eager() -> None:
+    """Without random ops or collectives everything is recomputable from the inputs: the floor
+    is 0 (full recomputation), and every budget trains like eager."""
+    replay, _, _ = _run(None)
+    full = replay.saved_activation_bytes
+    eager_loss, eager_grads = _eager()
+    previous_flops = -1
+    for budget in (full, (2 * full) // 3, full // 3, 0):
+        report, loss, grads = _run(budget)
+        assert report.budget_floor_bytes == 0
+        assert report.budget_replay_bytes == full
+        assert report.saved_activation_bytes <= budget
+        assert bool(report.budget_dropped) == (budget < full)
+        recompute = report.recompute_flops + report.recompute_bytes_moved
+        assert (recompute > 0) == (budget < full)
+        assert recompute >= previous_flops  # a tighter budget never recomputes less
+        previous_flops = recompute
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+        for got, want in zip(grads, eager_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def _cause(exc: BaseException, kind: type[Exception]) -> Any:
+    """``exc`` or the first of its causes (Dynamo's ``BackendCompilerFailed`` wraps what a
+    backend raised) that is a ``kind``."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, kind):
+        seen = seen.__cause__ or getattr(seen, "inner_exception", None)
+    assert isinstance(seen, kind), repr(exc)
+    return seen
+
+
+@pytest.mark.slow
+def test_a_budget_under_the_floor_names_the_floor() -> None:
+    """Dropout's random draws cannot be recomputed (they would differ): what depends on them
+    stays saved, so the floor is above 0; a budget under it is one error naming it, and the
+    floor itself fits."""
+    replay, _, _ = _run(None, dropout=0.1)
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Dynamo wraps the backend's error
+        _run(0, dropout=0.1)
+    error = _cause(info.value, ap_partitioner.BudgetError)
+    floor = error.floor
+    assert 0 < floor < replay.saved_activation_bytes
+    assert f"{floor:,}" in str(error) and "activation_budget_bytes" in str(error)
+    report, _, _ = _run(floor, dropout=0.1)
+    assert report.saved_activation_bytes <= floor == report.budget_floor_bytes
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError), ("1GB", TypeError)]
+)
+def test_bad_budgets_are_refused_by_name(bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="activation_budget_bytes"):
+        ap_partitioner.SaveAllPartitioner(activation_budget_bytes=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_backend_option_fits_the_budget() -> None:
+    """``autoparallel_backend(activation_budget_bytes=...)`` is the same policy, reported in
+    ``partition_reports``."""
+    torch.manual_seed(0)
+    model = Net()
+    ids, labels = _batch()
+    pm = ap_backend.precompile(model, (ids, labels))
+    budget = pm.first_partition.nbytes // 2
+    backend = ap_backend.autoparallel_backend(activation_budget_bytes=budget)
+    loss = torch.compile(pm, backend=backend)(ids, labels)
+    loss.backward()
+    (report,) = backend.partition_reports
+    assert report.budget_bytes == budget
+    assert backend.saved[0].nbytes == report.saved_activation_bytes <= budget
+    torch.testing.assert_close(loss.detach(), _eager()[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"activation_budget_bytes": -1}, ValueError),
+        ({"activation_budget_bytes": float("nan")}, TypeError),
+        ({"activation_budget_bytes": 1024, "partitioner": "min_cut"}, ValueError),
+    ],
+)
+def test_the_backend_refuses_bad_budget_options_by_name(
+    options: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="activation_budget_bytes"):
+        ap_backend.autoparallel_backend(**options)
