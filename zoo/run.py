@@ -42,6 +42,7 @@ from zoo.models import MODELS, ZooModel
 __all__ = [
     "AP_CONFIGS",
     "BUCKET_FORM_CONFIGS",
+    "BUDGET_CONFIGS",
     "CONFIGS",
     "OPTION_CONFIGS",
     "FP32_RTOL",
@@ -79,7 +80,16 @@ OPTION_CONFIGS: dict[str, dict[str, Any]] = {
     "overlap": {"overlap_scheduling": True},
     "min_cut": {"partitioner": "min_cut"},
 }
-CONFIGS: tuple[str, ...] = ("stock", *AP_CONFIGS, *BUCKET_FORM_CONFIGS, *OPTION_CONFIGS)
+#: The save-all replay under an activation budget, as a fraction of the first partition's saved
+#: bytes (``autoparallel_backend(activation_budget_bytes=...)``, issue #25).
+BUDGET_CONFIGS: dict[str, float] = {"budget_half": 0.5}
+CONFIGS: tuple[str, ...] = (
+    "stock",
+    *AP_CONFIGS,
+    *BUCKET_FORM_CONFIGS,
+    *OPTION_CONFIGS,
+    *BUDGET_CONFIGS,
+)
 
 #: fp32 numerics criterion (normwise relative error, see :func:`rel_err`).
 FP32_RTOL = 1e-5
@@ -457,9 +467,13 @@ def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[s
     res.first = _saved(pm.first_partition)
 
     stage[0] = "torch.compile(backend=autoparallel_backend)"
-    backend = autoparallel_backend(
-        **{**AP_CONFIGS, **BUCKET_FORM_CONFIGS, **OPTION_CONFIGS}[config]
-    )
+    if config in BUDGET_CONFIGS:
+        budget = int(BUDGET_CONFIGS[config] * pm.first_partition.nbytes)
+        backend = autoparallel_backend(activation_budget_bytes=budget)
+    else:
+        backend = autoparallel_backend(
+            **{**AP_CONFIGS, **BUCKET_FORM_CONFIGS, **OPTION_CONFIGS}[config]
+        )
     compiled = torch.compile(pm, backend=backend)
 
     def first_step(seconds: float) -> None:
@@ -534,6 +548,7 @@ class Verdict:
     saved_agree: bool | None
     replay_exact: bool | None
     error: bool
+    within_budget: bool | None = None
 
     def failures(self) -> list[str]:
         names = {
@@ -543,6 +558,7 @@ class Verdict:
             "SaveAll bytes > first": self.saveall_bytes_le_first,
             "saved measures disagree": self.saved_agree,
             "replay differs from first": self.replay_exact,
+            "over budget": self.within_budget,
         }
         out = ["error"] if self.error else []
         return out + [k for k, v in names.items() if v is False]
@@ -606,7 +622,11 @@ def evaluate(res: CaseResult) -> Verdict:
                 exact = (res.first.count, res.first.nbytes) == saved_pair and (
                     not res.first.storage_keys or sorted(res.first.storage_keys) == keys
                 )
+    within_budget: bool | None = None
+    if res.config in BUDGET_CONFIGS and res.first is not None and res.saved_bytes is not None:
+        within_budget = res.saved_bytes <= int(BUDGET_CONFIGS[res.config] * res.first.nbytes)
     return Verdict(
+        within_budget=within_budget,
         numerics=numerics,
         no_fallbacks=no_fallbacks,
         no_all_gather_saved=no_ag,
