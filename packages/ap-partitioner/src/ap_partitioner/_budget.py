@@ -180,14 +180,29 @@ def _saved_bytes(values: Iterable[fx.Node]) -> int:
     return count_saved_values(values).nbytes
 
 
-def _storage_users(values: Sequence[fx.Node]) -> dict[fx.Node, int]:
-    """Per activation storage: how many saved values keep it alive (inputs excluded)."""
-    users: dict[fx.Node, int] = {}
+def _storage_groups(values: Sequence[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """Saved activations by the storage they keep alive (inputs excluded): a storage is freed
+    only when every saved value on it is dropped, so values sharing one are dropped together."""
+    groups: dict[fx.Node, list[fx.Node]] = {}
     for v in values:
         base = storage_base(v)
-        if base.op != "placeholder" and isinstance(base.meta.get("val"), torch.Tensor):
-            users[base] = users.get(base, 0) + 1
-    return users
+        if v.op != "call_function" or base.op == "placeholder":
+            continue
+        if isinstance(base.meta.get("val"), torch.Tensor):
+            groups.setdefault(base, []).append(v)
+    return groups
+
+
+def _group_closure(group: list[fx.Node], available: set[fx.Node]) -> list[fx.Node] | None:
+    """The recompute closure of every value in ``group`` (None when one is unsafe)."""
+    others = available - set(group)
+    closure: dict[fx.Node, None] = {}
+    for v in group:
+        part = recompute_closure(v, others)
+        if part is None:
+            return None
+        closure.update(dict.fromkeys(part))
+    return list(closure)
 
 
 def _module_fqn(node: fx.Node) -> str | None:
@@ -197,24 +212,32 @@ def _module_fqn(node: fx.Node) -> str | None:
 
 
 def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx.Node, int]]:
-    """Every drop down to the floor, best score first: ``(record, node, saved bytes after)``.
+    """Every drop down to the floor, best score first: ``(record, storage, saved bytes after)``.
 
     Graph inputs are always available to the backward (the caller holds them; saving one
     costs nothing), as are the plan's symbols and opaque values."""
     saved = list(plan.values)
     available = {*saved, *plan.sym_nodes, *plan.opaque_nodes, *graph.find_nodes(op="placeholder")}
-    users = _storage_users(saved)
+    groups = _storage_groups(saved)
     recomputed: set[fx.Node] = set()
     costs: dict[fx.Node, tuple[int, int]] = {}
     current = _saved_bytes(saved)
     out: list[tuple[DroppedSave, fx.Node, int]] = []
+    # a group's closure changes only when a value it stopped at is dropped: cache it with that
+    # boundary (the available inputs it read) and recompute it only then
+    cache: dict[fx.Node, tuple[list[fx.Node] | None, set[fx.Node]]] = {}
     while True:
         best: tuple[float, fx.Node, list[fx.Node], int] | None = None
-        for v in saved:
-            base = storage_base(v)
-            if v.op != "call_function" or users.get(base) != 1:
-                continue  # an input, or a storage another saved value keeps alive anyway
-            closure = recompute_closure(v, available - {v})
+        for base, group in groups.items():
+            if base not in cache:
+                found = _group_closure(group, available)
+                boundary = (
+                    {i for n in found for i in n.all_input_nodes if i in available}
+                    if found is not None
+                    else set()
+                )
+                cache[base] = (found, boundary)
+            closure = cache[base][0]
             if closure is None:
                 continue
             freed = node_nbytes(base)
@@ -222,19 +245,19 @@ def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx
             cost = sum(sum(costs.setdefault(n, node_cost(n))) for n in fresh)
             score = freed / (cost + 1)
             if freed > 0 and (best is None or score > best[0]):
-                best = (score, v, fresh, freed)
+                best = (score, base, fresh, freed)
         if best is None:
             return out
-        _, v, fresh, freed = best
-        saved.remove(v)
-        available.discard(v)
-        del users[storage_base(v)]
+        _, base, fresh, freed = best
+        dropped = set(groups.pop(base))
+        available.difference_update(dropped)
+        cache = {b: c for b, c in cache.items() if b in groups and not (c[1] & dropped)}
         recomputed.update(fresh)
         current -= freed
         flops = sum(costs[n][0] for n in fresh)
         moved = sum(costs[n][1] for n in fresh)
-        record = DroppedSave(v.name, _module_fqn(v), freed, flops, moved, len(fresh))
-        out.append((record, v, current))
+        record = DroppedSave(base.name, _module_fqn(base), freed, flops, moved, len(fresh))
+        out.append((record, base, current))
 
 
 def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetOutcome:
@@ -254,7 +277,8 @@ def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetO
             break
         taken.append((record, node, remaining))
         after = remaining
-    gone = {node for _, node, _ in taken}
+    gone_storages = {node for _, node, _ in taken}
+    gone = {v for v in plan.values if storage_base(v) in gone_storages}
     kept = SavePlan(
         [v for v in plan.values if v not in gone], list(plan.sym_nodes), list(plan.opaque_nodes)
     )
