@@ -3,7 +3,8 @@
 ``chunk_pass(gm, ChunkConfig(...))`` splits the forward and backward regions of selected modules
 of a joint graph into N chunks along the token dim; ``concretize_chunk_symbols(gm)`` then
 replaces the chunk symbols by their hints before codegen. ``EagerChunked`` is the eager
-numerical reference; ``trace_joint`` traces a training step into a joint graph with the
+numerical reference; ``schedule_chunk_overlap(gm)`` pipelines the chunks of every chunked
+region so one chunk's token exchange runs under another chunk's compute; ``trace_joint`` traces a training step into a joint graph with the
 metadata the pass reads.
 
 ``TESTED_TORCH`` lists the torch versions the package is tested on; ``UnsupportedTorchError``
@@ -21,6 +22,7 @@ from ._eager import EagerChunked
 from ._errors import ChunkError
 from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
+from ._schedule import RegionSchedule, ScheduleReport, schedule_chunk_overlap
 from ._regions import tag_backward_module_fqns, tag_recomputed_module_fqns
 from ._tracing import fake_chunk_inputs, trace_joint
 
@@ -33,7 +35,9 @@ __all__ = [
     "ChunkReport",
     "ConcretizeReport",
     "EagerChunked",
+    "RegionSchedule",
     "RegionSummary",
+    "ScheduleReport",
     "TESTED_TORCH",
     "UnsupportedTorchError",
     "__version__",
@@ -43,6 +47,7 @@ __all__ = [
     "concretize_chunk_symbols",
     "fake_chunk_inputs",
     "mark_chunk_dim",
+    "schedule_chunk_overlap",
     "tag_backward_module_fqns",
     "tag_recomputed_module_fqns",
     "trace_joint",

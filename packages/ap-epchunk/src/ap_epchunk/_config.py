@@ -46,6 +46,11 @@ class ChunkConfig:
     * ``chunk_inputs``: placeholder names whose ``dim`` carries tokens when the graph has
       static sizes. Empty: the chunk dims are the hinted unbacked symbols of the placeholders
       (``mark_chunk_dim(..., hint=N)`` before tracing).
+    * ``schedule_overlap``: read by ``ap_backend.autoparallel_backend(ep_chunk=...)``: after
+      chunking, run :func:`ap_epchunk.schedule_chunk_overlap` (pipeline the chunks so one
+      chunk's token exchange runs under another chunk's compute). On by default: chunking
+      exists for that overlap, and the schedule never changes a value. ``chunk_pass`` itself
+      never schedules.
     """
 
     module_patterns: tuple[str, ...] = ()
@@ -53,6 +58,7 @@ class ChunkConfig:
     num_chunks: int = 2
     early_grad_accumulation: bool = True
     chunk_inputs: tuple[str, ...] = ()
+    schedule_overlap: bool = True
 
     def __post_init__(self) -> None:
         patterns = _names(self.module_patterns, "module_patterns", "fnmatch patterns")
@@ -62,6 +68,7 @@ class ChunkConfig:
         require_int(self.dim, where=_WHERE, arg="dim", minimum=0)
         require_int(self.num_chunks, where=_WHERE, arg="num_chunks", minimum=2)
         require_bool(self.early_grad_accumulation, where=_WHERE, arg="early_grad_accumulation")
+        require_bool(self.schedule_overlap, where=_WHERE, arg="schedule_overlap")
         object.__setattr__(
             self, "chunk_inputs", _names(self.chunk_inputs, "chunk_inputs", "placeholder names")
         )
