@@ -68,6 +68,8 @@ class AutoParallelBackend:
     * ``partition_reports``: ap-partitioner's reports;
     * ``bucketing_stats``: ap-bucketing's stats, forward and backward;
     * ``chunk_reports``: ap-epchunk's reports (one per chunked joint graph);
+    * ``schedule_reports``: ap-epchunk's overlap-schedule reports (one per chunked joint graph
+      whose ``ChunkConfig.schedule_overlap`` is on);
     * ``compile_seconds``: wall time of each backend call (forward + joint partition);
     * ``inner_compiles``: per graph handed to Inductor, ``is_backward`` and ``collectives``
       (:func:`collective_counts` of the partitioned graph).
@@ -79,6 +81,7 @@ class AutoParallelBackend:
         self.partition_reports: list[Any] = []
         self.bucketing_stats: list[Any] = []
         self.chunk_reports: list[Any] = []
+        self.schedule_reports: list[Any] = []
         self.compile_seconds: list[float] = []
         self.inner_compiles: list[dict[str, Any]] = []
         self._partitioner = MeasuringPartitioner(
@@ -135,6 +138,12 @@ class AutoParallelBackend:
             gm.recompile()
             self.chunk_reports.append(report)
             emit_json("ap_chunk_report", report)
+            if config.schedule_overlap:
+                # after concretization (static sizes) and before partitioning: the partitioner
+                # and its autograd-order epilogue keep this order (ap_epchunk._schedule)
+                schedule = ap_epchunk.schedule_chunk_overlap(gm)
+                self.schedule_reports.append(schedule)
+                emit_json("ap_chunk_schedule", schedule)
             emit_string("ap_chunk_after", lambda: gm.print_readable(print_output=False))
         if self._ac_pass is not None:
             gm = self._ac_pass(gm, joint_inputs)
@@ -211,7 +220,9 @@ def autoparallel_backend(
     * ``bucketing``: ``True`` or an ``ap_bucketing.BucketingConfig`` enables topo-span-bounded
       FSDP bucketing for every graph this backend compiles, including the lazy backward.
     * ``ep_chunk``: an ``ap_epchunk.ChunkConfig``; chunks the selected regions of the joint graph
-      and concretizes the chunk symbols before partitioning.
+      and concretizes the chunk symbols before partitioning, then (``schedule_overlap``, on by
+      default) pipelines each chunked region so one chunk's token exchange runs under another
+      chunk's compute (``ap_epchunk.schedule_chunk_overlap``).
     * ``partitioner``: ``None``/``"save_all"`` (replay the first compile's saves), ``"min_cut"``,
       or any ``CustomPartitionerFn``.
 

@@ -22,8 +22,8 @@ from ._eager import EagerChunked
 from ._errors import ChunkError
 from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
-from ._schedule import RegionSchedule, ScheduleReport, schedule_chunk_overlap
 from ._regions import tag_backward_module_fqns, tag_recomputed_module_fqns
+from ._schedule import RegionSchedule, ScheduleReport, schedule_chunk_overlap
 from ._tracing import fake_chunk_inputs, trace_joint
 
 __version__: str = _distribution_version("ap-epchunk")

@@ -77,7 +77,9 @@ class RegionSchedule:
 
 @dataclass
 class ScheduleReport:
-    """What :func:`ap_epchunk.schedule_chunk_overlap` did, region by region."""
+    """What :func:`ap_epchunk.schedule_chunk_overlap` did, per chunked region with token
+    exchanges (a region without any, such as forward nodes a backward graph recomputes, has
+    nothing to overlap and is not listed)."""
 
     regions: list[RegionSchedule] = field(default_factory=list)
 
@@ -143,9 +145,13 @@ def schedule_chunk_overlap(gm: torch.fx.GraphModule, *, strict: bool = False) ->
         launches = _launches(region)
         before = _hiding(window, launches)
         exposed_before = sum(1 for x in launches if not before[x])
+        if not launches:
+            # nothing to overlap (e.g. a forward region a backward graph recomputes)
+            log.debug(
+                "schedule_chunk_overlap: %s (%s) has no exchange", region.root, region.direction
+            )
+            continue
         reason = contract_violation(region, set(window))
-        if reason is None and not launches:
-            reason = "no token exchange (all_to_all_single) in the region's body"
         order: list[torch.fx.Node] = []
         if reason is None:
             try:
