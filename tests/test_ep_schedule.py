@@ -1,8 +1,15 @@
 """The EP overlap schedule (#24) never changes a value: on the real EP zoo models (torchtitan's
-Qwen3-MoE and DeepSeek-V3, experts sharded over 2 gloo ranks), the chunked joint graph run
-scheduled and unscheduled on the same inputs gives bitwise equal losses (forward) and gradients
-(backward), for N in {2, 4}; and the schedule did reorder: fewer token exchanges are left
-without compute between their launch and their wait, in the partitioned forward and backward.
+Qwen3-MoE and DeepSeek-V3, experts sharded over 2 gloo ranks), the chunked graphs run scheduled
+and unscheduled on the same inputs give bitwise equal outputs, forward and backward, for N in
+{2, 4}; and the schedule did reorder: fewer token exchanges are left without compute between
+their launch and their wait, in the partitioned forward and backward.
+
+Two levels: *graph level*, each partitioned forward / backward graph of an unscheduled compile
+is scheduled (``schedule_chunk_overlap`` on a copy) and run again on the first call's inputs
+(every output ``torch.equal``); *through the backend*, the same step compiled with
+``ChunkConfig(schedule_overlap=False)`` and ``True`` (scheduled on the joint graph, before
+partitioning) gives ``torch.equal`` losses and gradients, and the scheduled partitioned graphs
+leave fewer exchanges exposed (the partitioner kept the order).
 
 One 2-rank spawn checks every case. The partitioned graphs run as FX graphs (no Inductor
 codegen), so what runs is exactly the order the backend handed on; per model one ``precompile``
@@ -58,12 +65,13 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _cases() -> list[tuple[str, int, bool]]:
-    """``(model, N, through the backend too)``: by default Qwen3-MoE N=2, graph level and
-    through the backend (one spawn, ~60 s of CI on 2 cores); ``AP_EP_SCHEDULE_CASES=all``:
-    every EP zoo model x N in {2, 4}, each at graph level and through the backend."""
+    """``(model, N, through the backend too)``: by default Qwen3-MoE N=2 at graph level (one
+    compile; ~60 s of CI on 2 cores: the backend with the schedule on, the default, is run
+    against eager EP through Inductor by ``tests/test_zoo.py``); ``AP_EP_SCHEDULE_CASES=all``:
+    every EP zoo model x N in {2, 4}, each at graph level and through the backend (~3 min)."""
     if os.environ.get("AP_EP_SCHEDULE_CASES") == "all":
         return [(m, n, True) for m in MODELS for n in CHUNKS]
-    return [(MODELS[0], 2, True)]
+    return [(MODELS[0], 2, False)]
 
 
 def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ chunked graphs (the bitwise run on real EP models is ``tests/test_ep_schedule.py
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -52,3 +53,98 @@ def test_pipeline_launches_next_chunk_before_computing_this_one(fake_graph: Any,
         assert pos[f"mm_default_chunk{c}"] < pos[f"wait_tensor_default_chunk{c + 1}"]
     assert region.exposed_before == 2 * n
     assert region.exposed_after < region.exposed_before
+
+
+def _hand_chunked(
+    fake_graph: Any, *, groups: tuple[str, str] = ("0", "0"), cross: bool = False
+) -> torch.fx.GraphModule:
+    """Two chunks of ``relu -> exchange -> wait -> mm`` tagged as ``chunk_pass`` tags them,
+    with each chunk's exchange on ``groups[i]``; ``cross``: chunk 1's exchange reads chunk 0's
+    exchanged tokens (pairing the two exchanges would need a cycle)."""
+    b = fake_graph()
+    xs = [b.placeholder(f"x{i}", b.fake(4, 4)) for i in range(2)]
+    w = b.placeholder("w", b.fake(4, 4))
+    outs, waits = [], []
+    for i in range(2):
+        r = b.op(aten.relu.default, xs[i])
+        if cross and i == 1:
+            r = b.op(aten.add.Tensor, r, waits[0])
+        a = b.op(c10d.all_to_all_single.default, r, [2, 2], [2, 2], groups[i])
+        waits.append(b.op(c10d.wait_tensor.default, a))
+        outs.append(b.op(aten.mm.default, waits[i], w))
+        for node in (r, a, waits[i], outs[i], *([r.args[0]] if cross and i == 1 else [])):
+            node.meta["custom"] = {
+                "module_fqn": "moe",
+                "ap_chunk_region": "moe",
+                "ap_chunk_index": i,
+            }
+    return b.module(b.op(aten.cat.default, outs))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"groups": ("0", "1")}, r"chunks disagree in their exchange signature"),
+        ({"cross": True}, r"pairing exchange 0 would need a cycle"),
+    ],
+    ids=["signature_mismatch", "pairing_cycle"],
+)
+def test_region_breaking_the_contract_is_left_as_it_was(
+    fake_graph: Any, kwargs: dict[str, Any], reason: str
+) -> None:
+    gm = _hand_chunked(fake_graph, **kwargs)
+    code = gm.code
+    report = schedule_chunk_overlap(gm)
+    assert gm.code == code
+    (region,) = report.regions
+    assert region.exchanges_paired == 0 and not report.scheduled
+    assert region.reason is not None and re.search(reason, region.reason)
+    with pytest.raises(ValueError, match=rf"region 'moe' \(forward\) left unscheduled: {reason}"):
+        schedule_chunk_overlap(gm, strict=True)
+    assert gm.code == code
+
+
+def test_contract_met_by_the_hand_chunked_region(fake_graph: Any) -> None:
+    gm = _hand_chunked(fake_graph)
+    report = schedule_chunk_overlap(gm)
+    (region,) = report.regions
+    assert (region.reason, region.exchanges_paired, region.exposed_before) == (None, 1, 2)
+    pos = _order(gm)
+    # chunk 0 computes while chunk 1's exchange is in flight
+    assert pos["all_to_all_single_default_1"] < pos["mm_default"] < pos["wait_tensor_default_1"]
+    # chunk 1's relu runs under chunk 0's exchange, chunk 0's mm under chunk 1's
+    assert region.exposed_after == 0
+
+
+def test_a_failure_while_applying_restores_the_order(
+    fake_graph: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gm = _moe_like(fake_graph)
+    chunk_pass(gm, ChunkConfig(("layers.*.moe",), num_chunks=2))
+    order = [n.name for n in gm.graph.nodes]
+
+    def broken_lint(self: torch.fx.Graph) -> None:
+        raise RuntimeError("lint failed")
+
+    monkeypatch.setattr(torch.fx.Graph, "lint", broken_lint)
+    with pytest.raises(RuntimeError, match="lint failed"):
+        schedule_chunk_overlap(gm)
+    assert [n.name for n in gm.graph.nodes] == order
+
+
+def test_mutations_keep_their_order(fake_graph: Any) -> None:
+    """A mutation (``copy_`` into a buffer, late in the region) stays behind every read of the
+    value it writes, although nothing else holds it there (it reads only placeholders)."""
+    gm = _moe_like(fake_graph)
+    chunk_pass(gm, ChunkConfig(("layers.*.moe",), num_chunks=2))
+    graph = gm.graph
+    buf = next(n for n in graph.nodes if n.name == "w")
+    late = next(n for n in graph.nodes if n.name == "add_tensor_chunk0")
+    with graph.inserting_before(late):
+        copy = graph.call_function(aten.copy_.default, (buf, buf))
+    copy.meta = dict(late.meta)
+    report = schedule_chunk_overlap(gm)
+    assert report.scheduled
+    pos = _order(gm)
+    readers = [n.name for n in buf.users if n is not copy]
+    assert len(readers) == 4 and all(pos[r] < pos[copy.name] for r in readers)
