@@ -1,0 +1,260 @@
+"""EP overlap (#24): step time and exposed token-exchange time on the real EP zoo models.
+
+    nice -n 10 uv run python -m benchmarks.ep_overlap [--rounds R] [--steps S] [--models ...]
+
+torchtitan's Qwen3-MoE and DeepSeek-V3 debug models with their experts sharded over 2 gloo ranks
+(``zoo.models.expert_parallel``), compiled through ``precompile`` + ``autoparallel_backend`` on
+the zoo's EP batch, in these variants (one precompile per model, every variant compiled in the
+same process, so they interleave):
+
+* ``unchunked``: ``ep_chunk=None``;
+* ``N=2`` / ``N=4``: chunked, ``ChunkConfig(schedule_overlap=False)`` (the chunk pass's
+  node-by-node interleaving);
+* ``N=2 ours`` / ``N=4 ours``: chunked + ``schedule_chunk_overlap`` (the default);
+* ``N=2 torchtitan``: chunked, then torchtitan 0.3.0's ``ep_overlap_schedule_pass`` (two chunks
+  only) on the same joint graph instead of ours, its metadata (``chunked_region_role``,
+  ``chunk_id``, ``EP_token_exchange`` labels on the token exchanges) translated from ours.
+
+The partitioned graphs run as FX graphs (no Inductor codegen): what runs is the order the
+schedule produced (Inductor's own scheduler may reorder; see ``ap_epchunk._schedule``). Every
+``wait_tensor`` on an ``all_to_all_single`` is replaced by a timing wrapper around the same op:
+*exposed all-to-all time* is the time a rank spends inside those waits. gloo runs collectives on
+its own threads, so a wait that finds its exchange finished costs ~nothing.
+
+Measurement: ``rounds`` rounds, each running every variant for ``steps`` forward+backward steps
+(a ``dist.barrier()`` before each step; no optimizer step), variants interleaved; per variant
+the median over all its steps of each rank, then the mean of the two ranks. The 1-minute load
+average is recorded at each round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MODELS = ("tt_qwen3_moe_ep", "tt_deepseek_v3_ep")
+PATTERN = "layers.*.moe"
+#: (variant, num_chunks, scheduler: None | "ours" | "torchtitan")
+VARIANTS: tuple[tuple[str, int, str | None], ...] = (
+    ("unchunked", 1, None),
+    ("N=2", 2, None),
+    ("N=2 ours", 2, "ours"),
+    ("N=2 torchtitan", 2, "torchtitan"),
+    ("N=4", 4, None),
+    ("N=4 ours", 4, "ours"),
+)
+
+_EXPOSED = [0.0]
+
+
+def _timed_wait(x: torch.Tensor) -> torch.Tensor:
+    """``wait_tensor`` of a token exchange, timed (the exposed all-to-all time)."""
+    start = time.perf_counter()
+    out: torch.Tensor = torch.ops._c10d_functional.wait_tensor.default(x)
+    _EXPOSED[0] += time.perf_counter() - start
+    return out
+
+
+def _is_a2a(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and "all_to_all_single" in str(node.target)
+
+
+def _fx_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+    """Run the partitioned graph as FX, its token-exchange waits timed."""
+    for node in gm.graph.nodes:
+        if "wait_tensor" in str(node.target) and any(_is_a2a(a) for a in node.all_input_nodes):
+            node.target = _timed_wait
+    gm.recompile()
+
+    def run(args: list[Any]) -> Any:
+        outs = gm(*args)
+        args.clear()
+        return outs
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def torchtitan_schedule(gm: torch.fx.GraphModule) -> Any:
+    """torchtitan's ``ep_overlap_schedule_pass`` on our chunked joint graph (N=2): our chunk
+    metadata translated to the keys its ``collect_chunked_regions`` reads, the float exchanges
+    of each chunk labelled ``dispatch`` / ``combine`` in order (the int64 count exchange is not
+    one of its markers)."""
+    from ap_epchunk._schedule_regions import chunked_regions
+    from torchtitan.experiments.graph_trainer.common_utils import _EP_TOKEN_EXCHANGE
+    from torchtitan.experiments.graph_trainer.ep_overlap_pass import ep_overlap_schedule_pass
+
+    for region in chunked_regions(gm.graph):
+        for chunk, nodes in region.chunks.items():
+            floats = 0
+            for node in nodes:
+                node.meta["chunked_region_role"] = "body"
+                node.meta["chunk_id"] = chunk
+                node.meta["chunked_region_fqn"] = region.root
+                node.meta["chunked_region_is_backward"] = region.backward
+                val = node.meta.get("val")
+                if _is_a2a(node) and getattr(val, "dtype", None) != torch.int64:
+                    custom = dict(node.meta.get("custom") or {})
+                    custom[_EP_TOKEN_EXCHANGE] = "dispatch" if floats == 0 else "combine"
+                    node.meta["custom"] = custom
+                    floats += 1
+    ep_overlap_schedule_pass(gm, module_pattern=PATTERN, pair_first_token_exchange=True)
+    from ap_epchunk import ScheduleReport
+
+    return ScheduleReport()
+
+
+def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> dict[str, Any]:
+    import ap_epchunk
+    import torch._inductor.compile_fx as cfx
+    import torch.distributed as dist
+    from ap_backend import autoparallel_backend, precompile
+    from ap_epchunk import ChunkConfig, mark_chunk_dim
+    from ap_tags import annotate_module_fqns
+
+    from zoo.ep import EP_BATCH
+    from zoo.models._base import token_batches
+    from zoo.models.expert_parallel import EP_MODELS as BUILDERS
+    from zoo.models.expert_parallel import cpu_expert_parallel
+    from zoo.run import _rank_batches, _shard_params, _sharded_step
+
+    cpu_expert_parallel()
+    cfx.compile_fx_inner = _fx_inner  # type: ignore[assignment]
+    ours = ap_epchunk.schedule_chunk_overlap
+    out: dict[str, Any] = {"rank": rank, "models": {}, "load": []}
+    torch._dynamo.config.cache_size_limit = 16
+    for model in models:
+        zm = BUILDERS[model](1)
+        zm.batches = list(token_batches(1, batch=EP_BATCH))
+        (batch,) = _rank_batches(zm, rank)
+        step = _sharded_step(zm)
+        params = _shard_params(step)
+        for t in batch:
+            mark_chunk_dim(t, 0, hint=None)
+        with annotate_module_fqns(zm.module):
+            pm = precompile(step, batch)
+        compiled: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for name, n, scheduler in VARIANTS:
+            config = (
+                ChunkConfig((PATTERN,), num_chunks=n, schedule_overlap=scheduler is not None)
+                if n > 1
+                else None
+            )
+            ap_epchunk.schedule_chunk_overlap = (  # type: ignore[attr-defined]
+                torchtitan_schedule if scheduler == "torchtitan" else ours
+            )
+            fn = torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))
+            try:
+                fn(*batch).backward()  # compiles forward and backward
+                compiled[name] = fn
+            except Exception as exc:  # noqa: BLE001 - a refused variant is a result
+                errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            finally:
+                ap_epchunk.schedule_chunk_overlap = ours  # type: ignore[attr-defined]
+            for _, p in params:
+                p.grad = None
+        times: dict[str, list[float]] = {name: [] for name in compiled}
+        exposed: dict[str, list[float]] = {name: [] for name in compiled}
+        for _ in range(rounds):
+            out["load"].append(os.getloadavg()[0])
+            for name, fn in compiled.items():
+                for _ in range(steps):
+                    dist.barrier()
+                    _EXPOSED[0] = 0.0
+                    start = time.perf_counter()
+                    fn(*batch).backward()
+                    times[name].append(time.perf_counter() - start)
+                    exposed[name].append(_EXPOSED[0])
+                    for _, p in params:
+                        p.grad = None
+        out["models"][model] = {
+            "step_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+            "exposed_ms": {k: 1e3 * statistics.median(v) for k, v in exposed.items()},
+            "errors": errors,
+        }
+        torch._dynamo.reset()
+    return out
+
+
+def run(models: list[str], rounds: int, steps: int) -> dict[str, Any]:
+    from ap_backend.demo import spawn_ranks
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    start = time.perf_counter()
+    per_rank = spawn_ranks(_rank, 2, models, rounds, steps, timeout_s=3000.0)
+    result: dict[str, Any] = {
+        "rounds": rounds,
+        "steps": steps,
+        "wall_s": time.perf_counter() - start,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": [round(x, 2) for r in per_rank for x in r["load"]],
+        "models": {},
+    }
+    for model in models:
+        ranks = [r["models"][model] for r in per_rank]
+        variants = ranks[0]["step_ms"].keys()
+        result["models"][model] = {
+            "step_ms": {v: statistics.mean(r["step_ms"][v] for r in ranks) for v in variants},
+            "exposed_ms": {v: statistics.mean(r["exposed_ms"][v] for r in ranks) for v in variants},
+            "errors": ranks[0]["errors"],
+        }
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    load = result["load"]
+    lines = [
+        f"EP overlap, 2 gloo ranks on {result['cores']} cores, torch {result['torch']}, "
+        f"{result['date']}; {result['rounds']} interleaved rounds x {result['steps']} steps per "
+        f"variant; 1-min load average {min(load):.2f}-{max(load):.2f} during the rounds. "
+        "Medians per rank, mean of the 2 ranks; partitioned graphs run as FX.",
+        "",
+        "| model | variant | step ms | exposed a2a ms | exposed / N=same unscheduled | "
+        "hidden vs unscheduled |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for model, m in result["models"].items():
+        for name, _, _ in VARIANTS:
+            if name not in m["step_ms"]:
+                lines.append(f"| {model} | {name} | - | - | - | {m['errors'].get(name, '-')} |")
+                continue
+            base = name.split(" ")[0]
+            ref = m["exposed_ms"].get(base)
+            ratio = m["exposed_ms"][name] / ref if ref and base != name else None
+            lines.append(
+                f"| {model} | {name} | {m['step_ms'][name]:.1f} | {m['exposed_ms'][name]:.2f} | "
+                f"{'-' if ratio is None else f'{ratio:.2f}'} | "
+                f"{'-' if ratio is None else f'{100 * (1 - ratio):.0f} %'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ep_overlap", description=__doc__)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    result = run(args.models.split(","), args.rounds, args.steps)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
