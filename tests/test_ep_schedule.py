@@ -4,6 +4,9 @@ and unscheduled on the same inputs give bitwise equal outputs, forward and backw
 {2, 4}; and the schedule did reorder: fewer token exchanges are left without compute between
 their launch and their wait, in the partitioned forward and backward.
 
+The exchange lane (``ChunkConfig.exchange_lane``: the exchanges on a process group of their
+own, same ranks) is on in every scheduled compile and in the default case's one compile.
+
 Two levels: *graph level*, each partitioned forward / backward graph of an unscheduled compile
 is scheduled (``schedule_chunk_overlap`` on a copy) and run again on the first call's inputs
 (every output ``torch.equal``); *through the backend*, the same step compiled with
@@ -125,7 +128,12 @@ def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dic
             state.restore()
             torch._dynamo.reset()
             graphs.clear()
-            config = ChunkConfig((PATTERN,), num_chunks=n, schedule_overlap=scheduled)
+            # the exchange lane is on in the scheduled compile, and in the only compile of a
+            # graph-level case (so the default run covers it); off in the unscheduled one
+            lane = scheduled or not through_backend
+            config = ChunkConfig(
+                (PATTERN,), num_chunks=n, schedule_overlap=scheduled, exchange_lane=lane
+            )
             backend = autoparallel_backend(ep_chunk=config)
             loss = torch.compile(pm, backend=backend)(*batch)
             loss.backward()
@@ -133,6 +141,12 @@ def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dic
             for _, p in params:
                 p.grad = None
             reports = [r for rep in backend.schedule_reports for r in rep.regions]
+            moved = [rep.exchanges_moved for rep in backend.lane_reports]
+            exchanges = sum(r.exchanges_paired * r.num_chunks for r in reports)
+            if lane and (not moved or not moved[0]):
+                row["problems"].append(f"exchange lane on, nothing moved: {backend.lane_reports}")
+            if scheduled and moved != [exchanges]:
+                row["problems"].append(f"lane moved {moved} of {exchanges} exchanges")
             runs[scheduled] = (loss.detach().clone(), grads, list(graphs), reports)
         # graph level: each partitioned graph of the unscheduled compile, scheduled, run again
         # on the same inputs

@@ -70,6 +70,7 @@ class AutoParallelBackend:
     * ``chunk_reports``: ap-epchunk's reports (one per chunked joint graph);
     * ``schedule_reports``: ap-epchunk's overlap-schedule reports (one per chunked joint graph
       whose ``ChunkConfig.schedule_overlap`` is on);
+    * ``lane_reports``: ap-epchunk's exchange-lane reports (``ChunkConfig.exchange_lane``);
     * ``compile_seconds``: wall time of each backend call (forward + joint partition);
     * ``inner_compiles``: per graph handed to Inductor, ``is_backward`` and ``collectives``
       (:func:`collective_counts` of the partitioned graph).
@@ -82,6 +83,7 @@ class AutoParallelBackend:
         self.bucketing_stats: list[Any] = []
         self.chunk_reports: list[Any] = []
         self.schedule_reports: list[Any] = []
+        self.lane_reports: list[Any] = []
         self.compile_seconds: list[float] = []
         self.inner_compiles: list[dict[str, Any]] = []
         self._partitioner = MeasuringPartitioner(
@@ -144,6 +146,10 @@ class AutoParallelBackend:
                 schedule = ap_epchunk.schedule_chunk_overlap(gm)
                 self.schedule_reports.append(schedule)
                 emit_json("ap_chunk_schedule", schedule)
+            if config.exchange_lane:
+                lane = ap_epchunk.exchange_lane(gm)
+                self.lane_reports.append(lane)
+                emit_json("ap_chunk_lane", lane)
             emit_string("ap_chunk_after", lambda: gm.print_readable(print_output=False))
         if self._ac_pass is not None:
             gm = self._ac_pass(gm, joint_inputs)
@@ -222,7 +228,9 @@ def autoparallel_backend(
     * ``ep_chunk``: an ``ap_epchunk.ChunkConfig``; chunks the selected regions of the joint graph
       and concretizes the chunk symbols before partitioning, then (``schedule_overlap``, on by
       default) pipelines each chunked region so one chunk's token exchange runs under another
-      chunk's compute (``ap_epchunk.schedule_chunk_overlap``).
+      chunk's compute (``ap_epchunk.schedule_chunk_overlap``), and (``exchange_lane``, on by
+      default) moves exchanges that share a process group with FSDP collectives to a group of
+      their own (``ap_epchunk.exchange_lane``).
     * ``partitioner``: ``None``/``"save_all"`` (replay the first compile's saves), ``"min_cut"``,
       or any ``CustomPartitionerFn``.
 

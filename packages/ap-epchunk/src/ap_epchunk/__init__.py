@@ -20,6 +20,7 @@ from ._concretize import ConcretizeReport, concretize_chunk_symbols
 from ._config import ChunkConfig, ChunkReport, RegionSummary
 from ._eager import EagerChunked
 from ._errors import ChunkError
+from ._lane import LaneReport, exchange_lane
 from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
 from ._regions import tag_backward_module_fqns, tag_recomputed_module_fqns
@@ -35,6 +36,7 @@ __all__ = [
     "ChunkReport",
     "ConcretizeReport",
     "EagerChunked",
+    "LaneReport",
     "RegionSchedule",
     "RegionSummary",
     "ScheduleReport",
@@ -45,6 +47,7 @@ __all__ = [
     "chunk_inputs_from_marks",
     "chunk_pass",
     "concretize_chunk_symbols",
+    "exchange_lane",
     "fake_chunk_inputs",
     "mark_chunk_dim",
     "schedule_chunk_overlap",

@@ -51,6 +51,10 @@ class ChunkConfig:
       chunk's token exchange runs under another chunk's compute). On by default: chunking
       exists for that overlap, and the schedule never changes a value. ``chunk_pass`` itself
       never schedules.
+    * ``exchange_lane``: read by the backend too: move the chunked exchanges that share a
+      process group with another collective (FSDP all-gathers, reduce-scatters) onto a group
+      of their own with the same ranks (:func:`ap_epchunk.exchange_lane`), so a parameter
+      all-gather never queues behind a token exchange. On by default (same ranks, same values).
     """
 
     module_patterns: tuple[str, ...] = ()
@@ -59,6 +63,7 @@ class ChunkConfig:
     early_grad_accumulation: bool = True
     chunk_inputs: tuple[str, ...] = ()
     schedule_overlap: bool = True
+    exchange_lane: bool = True
 
     def __post_init__(self) -> None:
         patterns = _names(self.module_patterns, "module_patterns", "fnmatch patterns")
@@ -69,6 +74,7 @@ class ChunkConfig:
         require_int(self.num_chunks, where=_WHERE, arg="num_chunks", minimum=2)
         require_bool(self.early_grad_accumulation, where=_WHERE, arg="early_grad_accumulation")
         require_bool(self.schedule_overlap, where=_WHERE, arg="schedule_overlap")
+        require_bool(self.exchange_lane, where=_WHERE, arg="exchange_lane")
         object.__setattr__(
             self, "chunk_inputs", _names(self.chunk_inputs, "chunk_inputs", "placeholder names")
         )
