@@ -68,9 +68,11 @@ def lane_for(group_name: str) -> str:
     if cached is None:
         ranks = dist.get_process_group_ranks(process_group_of(group_name))
         lane = dist.new_group(ranks=ranks)
+        if not isinstance(lane, dist.ProcessGroup):  # this rank is not in its own group's ranks
+            raise RuntimeError(f"exchange_lane: no lane for group {group_name!r} on this rank")
         _LANES[group_name] = str(lane.group_name)
         log.info(
-            "exchange_lane: group %s (ranks %s) -> lane %s", group_name, ranks, lane.group_name
+            "exchange_lane: group %s (ranks %s) -> lane %s", group_name, ranks, _LANES[group_name]
         )
     return _LANES[group_name]
 

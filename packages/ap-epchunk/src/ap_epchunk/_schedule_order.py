@@ -6,20 +6,24 @@ sees its inputs first. The scheduler only ever emits a node after all of its inp
 (and after the nodes it must stay behind, :func:`order_edges`), so the order is a topological
 order of the same graph: the values computed are the same, bit for bit.
 
-Which ready node goes next, in this priority (why):
+Which ready node goes next (why):
 
 1. a token-exchange launch (``all_to_all_single`` of the region's body): put the exchange on the
    wire as soon as its inputs exist, so that it runs while other work is emitted;
-2. other work (compute, views, scalar reads, launches of other collectives), lowest *stage*
-   first (how many of the region's exchanges a node waits behind), then work that leads to an
-   exchange launch before work that does not, then the chunk that runs first (forward:
+2. work that leads to an exchange launch (*feeding* work), lowest *stage* first (how many of
+   the region's exchanges a node waits behind), then the chunk that runs first (forward:
    ``0 .. N-1``; backward: ``N-1 .. 0``, the order the autograd engine runs chunk backwards and
    the chunk pass sums their gradient partials in), then the original order;
-3. a wait on a launch, oldest launch first: waits go last, so every exchange in flight has all the
-   work that does not need it emitted in front of its wait.
+3. otherwise the oldest in-flight launch's wait, if that exchange is estimated to be done
+   (:mod:`ap_epchunk._schedule_cost`: a clock advanced by each emitted node's estimated cost);
+4. otherwise other ready work (*filler*: a shared expert, the tail of an earlier chunk), in the
+   same order as 2 -- it runs while the exchange is still in flight;
+5. otherwise that wait.
 
 For N chunks this is a pipeline: chunk ``c`` computes the stage after exchange ``k`` while the
-exchanges ``k`` of chunks ``c+1 .. N-1`` are in flight, in forward and in backward alike.
+exchanges ``k`` of chunks ``c+1 .. N-1`` are in flight, in forward and in backward alike, and
+filler goes under the exchanges still in flight rather than under one that is already done (a
+small token-count exchange).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch.fx
 from ap_tags.graph import is_collective, is_wait
 
 from ._plan import is_mutating
+from ._schedule_cost import Clock
 from ._schedule_regions import ChunkedRegion, ancestors_within, chunk_of, launch_of
 
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
@@ -109,34 +114,50 @@ def pipeline_order(window: Sequence[torch.fx.Node], region: ChunkedRegion) -> li
         for p in ps:
             succs[p].append(n)
     missing = {n: len(ps) for n, ps in preds.items()}
-    launched: dict[torch.fx.Node, int] = {}
+    clock = Clock()
 
-    def key(node: torch.fx.Node) -> tuple[int, ...]:
+    def work_key(node: torch.fx.Node) -> tuple[int, int, int]:
         chunk = chunk_of(node)
         r = rank.get(chunk, -1) if chunk is not None else -1
-        if node in launches:
-            return (0, stage[node], r, pos[node])
-        if is_wait(node) and any(is_collective(p) for p in node.all_input_nodes):
-            launch = launch_of(node)
-            return (2, launched.get(launch, -1) if launch is not None else -1, pos[node])
-        return (1, stage[node], 0 if node in feeds else 1, r, pos[node])
+        return (stage[node], r, pos[node])
 
-    ready: list[tuple[tuple[int, ...], int]] = []
+    # four ready queues: exchange launches, feeding work, waits (oldest launch first), filler
+    launch_q: list[tuple[tuple[int, int, int], int]] = []
+    feed_q: list[tuple[tuple[int, int, int], int]] = []
+    wait_q: list[tuple[tuple[int, int], int]] = []
+    fill_q: list[tuple[tuple[int, int, int], int]] = []
     by_pos = list(window)
 
     def push(node: torch.fx.Node) -> None:
-        heapq.heappush(ready, (key(node), pos[node]))
+        if node in launches:
+            heapq.heappush(launch_q, (work_key(node), pos[node]))
+        elif is_wait(node) and any(is_collective(p) for p in node.all_input_nodes):
+            launch = launch_of(node)
+            seq = clock.launched.get(launch, -1) if launch is not None else -1
+            heapq.heappush(wait_q, ((seq, pos[node]), pos[node]))
+        elif node in feeds:
+            heapq.heappush(feed_q, (work_key(node), pos[node]))
+        else:
+            heapq.heappush(fill_q, (work_key(node), pos[node]))
+
+    def pick() -> int:
+        for queue in (launch_q, feed_q):
+            if queue:
+                return heapq.heappop(queue)[1]
+        if wait_q:
+            launch = launch_of(by_pos[wait_q[0][1]])
+            if not fill_q or clock.done(launch):
+                return heapq.heappop(wait_q)[1]
+        return heapq.heappop(fill_q)[1]
 
     for node in window:
         if missing[node] == 0:
             push(node)
     order: list[torch.fx.Node] = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        node = by_pos[i]
+    while launch_q or feed_q or wait_q or fill_q:
+        node = by_pos[pick()]
         order.append(node)
-        if is_collective(node):
-            launched[node] = len(launched)
+        clock.emit(node)
         for s in succs[node]:
             missing[s] -= 1
             if missing[s] == 0:
