@@ -118,13 +118,12 @@ def _launches(region: ChunkedRegion) -> list[torch.fx.Node]:
     return [x for c in sorted(region.chunks) for x in region.exchanges(c)]
 
 
-def _move(graph: torch.fx.Graph, window: list[torch.fx.Node], order: list[torch.fx.Node]) -> None:
+def _move(window: list[torch.fx.Node], order: list[torch.fx.Node]) -> None:
     """Put ``order`` (a permutation of the contiguous ``window``) where ``window`` was."""
     anchor = window[0].prev
     for node in order:
         anchor.append(node)
         anchor = node
-    del graph  # the nodes carry their graph
 
 
 def schedule_chunk_overlap(gm: torch.fx.GraphModule, *, strict: bool = False) -> ScheduleReport:
@@ -198,10 +197,10 @@ def schedule_chunk_overlap(gm: torch.fx.GraphModule, *, strict: bool = False) ->
         plans.append((window, order))
     try:
         for window, order in plans:
-            _move(graph, window, order)
+            _move(window, order)
         graph.lint()
     except Exception:
-        _move(graph, list(graph.nodes), original)
+        _move(list(graph.nodes), original)
         raise
     gm.recompile()
     log.info(
