@@ -185,6 +185,70 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
     return out
 
 
+def exposed_in_code(code: str) -> tuple[int, int]:
+    """``(all_to_all_single launches, those with no kernel call before their wait)`` in the
+    ``call`` function of an Inductor output module: what Inductor kept of the schedule."""
+    lines = code.splitlines()
+    launches = exposed = 0
+    for i, line in enumerate(lines):
+        if "all_to_all_single" not in line or "wait_tensor" in line:
+            continue
+        launches += 1
+        buf = line.split("=")[0].strip()
+        for later in lines[i + 1 :]:
+            if "wait_tensor" in later and buf and buf in later:
+                exposed += 1
+                break
+            if "cpp_fused" in later or "extern_kernels." in later or "torch.ops.aten." in later:
+                break
+    return launches, exposed
+
+
+def _inductor_rank(rank: int, world: int, model: str, n: int) -> dict[str, Any]:
+    """``model`` chunked in ``n`` through real Inductor, schedule off and on: the exposed
+    exchanges of each generated forward / backward module."""
+    import torch._inductor.compile_fx as cfx
+    from ap_backend import autoparallel_backend, precompile
+    from ap_epchunk import ChunkConfig, mark_chunk_dim
+    from ap_tags import annotate_module_fqns
+
+    from zoo.ep import EP_BATCH
+    from zoo.models._base import token_batches
+    from zoo.models.expert_parallel import EP_MODELS as BUILDERS
+    from zoo.models.expert_parallel import cpu_expert_parallel
+    from zoo.run import _rank_batches, _sharded_step
+
+    cpu_expert_parallel()
+    real_inner = cfx.compile_fx_inner
+    codes: list[tuple[bool, str]] = []
+
+    def inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        compiled = real_inner(gm, example_inputs, **kwargs)
+        path = getattr(compiled, "source_code", None) or ""
+        codes.append((bool(kwargs.get("is_backward", False)), str(path)))
+        return compiled
+
+    cfx.compile_fx_inner = inner  # type: ignore[assignment]
+    zm = BUILDERS[model](1)
+    zm.batches = list(token_batches(1, batch=EP_BATCH))
+    (batch,) = _rank_batches(zm, rank)
+    step = _sharded_step(zm)
+    for t in batch:
+        mark_chunk_dim(t, 0, hint=None)
+    with annotate_module_fqns(zm.module):
+        pm = precompile(step, batch)
+    out: dict[str, Any] = {}
+    for scheduled in (False, True):
+        torch._dynamo.reset()
+        codes.clear()
+        config = ChunkConfig((PATTERN,), num_chunks=n, schedule_overlap=scheduled)
+        torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))(*batch).backward()
+        out["ours" if scheduled else "unscheduled"] = {
+            ("bw" if bw else "fw"): exposed_in_code(code) for bw, code in codes
+        }
+    return out
+
+
 def run(models: list[str], rounds: int, steps: int) -> dict[str, Any]:
     from ap_backend.demo import spawn_ranks
 
@@ -248,7 +312,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--inductor-order",
+        action="store_true",
+        help="instead: compile the first model at N=2 through Inductor, schedule off and on, "
+        "and count the exchanges left with no kernel before their wait in the generated code",
+    )
     args = parser.parse_args(argv)
+    if args.inductor_order:
+        from ap_backend.demo import spawn_ranks
+
+        root = str(Path(__file__).resolve().parent.parent)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        ranks = spawn_ranks(_inductor_rank, 2, args.models.split(",")[0], 2, timeout_s=3000.0)
+        print(json.dumps(ranks[0]))
+        return 0
     result = run(args.models.split(","), args.rounds, args.steps)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
