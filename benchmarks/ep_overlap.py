@@ -53,25 +53,52 @@ VARIANTS: tuple[tuple[str, int, str | None], ...] = (
 )
 
 _EXPOSED = [0.0]
+#: per exchange (see :func:`_exchange_key`): seconds inside its wait, summed over timed steps
+_BY_EXCHANGE: dict[str, float] = {}
+_TIMING = [False]
 
 
-def _timed_wait(x: torch.Tensor) -> torch.Tensor:
-    """``wait_tensor`` of a token exchange, timed (the exposed all-to-all time)."""
-    start = time.perf_counter()
-    out: torch.Tensor = torch.ops._c10d_functional.wait_tensor.default(x)
-    _EXPOSED[0] += time.perf_counter() - start
-    return out
+def _timed_wait(key: str) -> Any:
+    """``wait_tensor`` of one token exchange, timed (the exposed all-to-all time)."""
+
+    def wait(x: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        out: torch.Tensor = torch.ops._c10d_functional.wait_tensor.default(x)
+        spent = time.perf_counter() - start
+        _EXPOSED[0] += spent
+        if _TIMING[0]:
+            _BY_EXCHANGE[key] = _BY_EXCHANGE.get(key, 0.0) + spent
+        return out
+
+    wait.__name__ = f"timed_wait_{len(_BY_EXCHANGE)}"
+    return wait
 
 
 def _is_a2a(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and "all_to_all_single" in str(node.target)
 
 
+def _exchange_key(launch: torch.fx.Node, backward: bool, k: int) -> str:
+    """``fw layers.0.moe c1 x2``: direction, region, chunk and the exchange's position in it."""
+    custom = launch.meta.get("custom") or {}
+    region = custom.get("ap_chunk_region") or str(custom.get("module_fqn", "?")).rsplit(".", 1)[0]
+    chunk = custom.get("ap_chunk_index")
+    return f"{'bw' if backward else 'fw'} {region} c{chunk if chunk is not None else '-'} x{k}"
+
+
 def _fx_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
     """Run the partitioned graph as FX, its token-exchange waits timed."""
+    backward = bool(kwargs.get("is_backward", False))
+    seen: dict[tuple[Any, Any], int] = {}
     for node in gm.graph.nodes:
-        if "wait_tensor" in str(node.target) and any(_is_a2a(a) for a in node.all_input_nodes):
-            node.target = _timed_wait
+        if "wait_tensor" in str(node.target):
+            launch = next((a for a in node.all_input_nodes if _is_a2a(a)), None)
+            if launch is None:
+                continue
+            custom = launch.meta.get("custom") or {}
+            slot = (custom.get("ap_chunk_region"), custom.get("ap_chunk_index"))
+            k = seen[slot] = seen.get(slot, -1) + 1
+            node.target = _timed_wait(_exchange_key(launch, backward, k))
     gm.recompile()
 
     def run(args: list[Any]) -> Any:
@@ -164,9 +191,12 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
                 p.grad = None
         times: dict[str, list[float]] = {name: [] for name in compiled}
         exposed: dict[str, list[float]] = {name: [] for name in compiled}
+        per_exchange: dict[str, dict[str, float]] = {name: {} for name in compiled}
         for _ in range(rounds):
             out["load"].append(os.getloadavg()[0])
             for name, fn in compiled.items():
+                _BY_EXCHANGE.clear()
+                _TIMING[0] = True
                 for _ in range(steps):
                     dist.barrier()
                     _EXPOSED[0] = 0.0
@@ -176,7 +206,15 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
                     exposed[name].append(_EXPOSED[0])
                     for _, p in params:
                         p.grad = None
+                _TIMING[0] = False
+                for key, spent in _BY_EXCHANGE.items():
+                    per_exchange[name][key] = per_exchange[name].get(key, 0.0) + spent
+        total_steps = rounds * steps
         out["models"][model] = {
+            "per_exchange_ms": {
+                name: {k: 1e3 * v / total_steps for k, v in sorted(d.items())}
+                for name, d in per_exchange.items()
+            },
             "step_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
             "exposed_ms": {k: 1e3 * statistics.median(v) for k, v in exposed.items()},
             "errors": errors,
@@ -274,6 +312,7 @@ def run(models: list[str], rounds: int, steps: int) -> dict[str, Any]:
             "step_ms": {v: statistics.mean(r["step_ms"][v] for r in ranks) for v in variants},
             "exposed_ms": {v: statistics.mean(r["exposed_ms"][v] for r in ranks) for v in variants},
             "errors": ranks[0]["errors"],
+            "per_exchange_ms": [r["per_exchange_ms"] for r in ranks],
         }
     return result
 
@@ -303,6 +342,20 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{'-' if ratio is None else f'{ratio:.2f}'} | "
                 f"{'-' if ratio is None else f'{100 * (1 - ratio):.0f} %'} |"
             )
+    lines += [
+        "",
+        "Exposed ms per step by exchange (mean over steps; rank 0 / rank 1), N=2 variants:",
+        "",
+    ]
+    for model, m in result["models"].items():
+        per = m.get("per_exchange_ms") or []
+        for name in ("N=2", "N=2 ours", "N=2 torchtitan"):
+            if len(per) < 2 or name not in per[0]:
+                continue
+            cells = [
+                f"{k} {per[0][name][k]:.2f}/{per[1][name].get(k, 0.0):.2f}" for k in per[0][name]
+            ]
+            lines.append(f"- {model} {name}: " + "; ".join(cells))
     return "\n".join(lines) + "\n"
 
 
