@@ -148,3 +148,19 @@ def test_mutations_keep_their_order(fake_graph: Any) -> None:
     pos = _order(gm)
     readers = [n.name for n in buf.users if n is not copy]
     assert len(readers) == 4 and all(pos[r] < pos[copy.name] for r in readers)
+
+
+def test_bad_arguments_name_the_argument() -> None:
+    from ap_epchunk import exchange_lane
+
+    with pytest.raises(TypeError, match="schedule_chunk_overlap"):
+        schedule_chunk_overlap("graph")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="exchange_lane"):
+        exchange_lane("graph")  # type: ignore[arg-type]
+    for field in ("schedule_overlap", "exchange_lane"):
+        with pytest.raises(TypeError, match=f"ChunkConfig.*{field}"):
+            ChunkConfig(("layers.*",), **{field: "yes"})  # type: ignore[arg-type]
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    with pytest.raises(TypeError, match="strict"):
+        schedule_chunk_overlap(gm, strict=1)  # type: ignore[arg-type]
+    assert schedule_chunk_overlap(gm).regions == []  # nothing chunked: nothing to do
