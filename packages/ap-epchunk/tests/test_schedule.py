@@ -14,10 +14,13 @@ aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
 
-def _moe_like(fake_graph: Any, *, backward_too: bool = False) -> torch.fx.GraphModule:
+def _moe_like(fake_graph: Any, *, backward: bool = False) -> torch.fx.GraphModule:
     """A region with two exchanges per chunk: router -> dispatch -> experts -> combine -> out,
-    and a filler branch (a shared expert) that needs no exchange."""
+    and a filler branch (a shared expert) that needs no exchange; ``backward``: every op is
+    a backward op (a backward region)."""
     b = fake_graph()
+    op = b.op
+    b.op = lambda *a, **k: op(*a, backward=backward, **k)
     u0 = b.unbacked(16)
     x = b.placeholder("x", b.fake(u0, 4))
     w = b.placeholder("w", b.fake(4, 4))
@@ -37,20 +40,25 @@ def _order(gm: torch.fx.GraphModule) -> dict[str, int]:
     return {n.name: i for i, n in enumerate(gm.graph.nodes)}
 
 
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 @pytest.mark.parametrize("n", [2, 4])
-def test_pipeline_launches_next_chunk_before_computing_this_one(fake_graph: Any, n: int) -> None:
-    gm = _moe_like(fake_graph)
+def test_pipeline_launches_next_chunk_before_computing_this_one(
+    fake_graph: Any, n: int, backward: bool
+) -> None:
+    gm = _moe_like(fake_graph, backward=backward)
     chunk_pass(gm, ChunkConfig(("layers.*.moe",), num_chunks=n))
     report = schedule_chunk_overlap(gm)
     gm.graph.lint()
     (region,) = report.regions
-    assert region.reason is None
+    assert (region.reason, region.backward) == (None, backward)
     assert region.exchanges_paired == 2
     pos = _order(gm)
-    # chunk c's expert compute runs while chunk c+1's dispatch is in flight
-    for c in range(n - 1):
-        assert pos[f"all_to_all_single_default_chunk{c + 1}"] < pos[f"mm_default_chunk{c}"]
-        assert pos[f"mm_default_chunk{c}"] < pos[f"wait_tensor_default_chunk{c + 1}"]
+    # forward: chunks 0..N-1; backward: N-1..0 (the order autograd runs chunk backwards)
+    chunks = list(reversed(range(n))) if backward else list(range(n))
+    for a, b in zip(chunks, chunks[1:], strict=False):
+        # chunk a's expert compute runs while chunk b's dispatch is in flight
+        assert pos[f"all_to_all_single_default_chunk{b}"] < pos[f"mm_default_chunk{a}"]
+        assert pos[f"mm_default_chunk{a}"] < pos[f"wait_tensor_default_chunk{b}"]
     assert region.exposed_before == 2 * n
     assert region.exposed_after < region.exposed_before
 
