@@ -11,6 +11,8 @@ same process, so they interleave):
 * ``N=2`` / ``N=4``: chunked, ``ChunkConfig(schedule_overlap=False)`` (the chunk pass's
   node-by-node interleaving);
 * ``N=2 ours`` / ``N=4 ours``: chunked + ``schedule_chunk_overlap`` (the default);
+* ``N=2 ours, 50 us``: ours with the cost model's collective latency at 50 us instead of 500
+  us (an A/B of that one constant, ``ap_epchunk._schedule_cost.LATENCY_S``);
 * ``N=2 torchtitan``: chunked, then torchtitan 0.3.0's ``ep_overlap_schedule_pass`` (two chunks
   only) on the same joint graph instead of ours, its metadata (``chunked_region_role``,
   ``chunk_id``, ``EP_token_exchange`` labels on the token exchanges) translated from ours.
@@ -48,6 +50,7 @@ VARIANTS: tuple[tuple[str, int, str | None], ...] = (
     ("N=2", 2, None),
     ("N=2 ours", 2, "ours"),
     ("N=2 torchtitan", 2, "torchtitan"),
+    ("N=2 ours, 50 us", 2, "ours-50us"),
     ("N=4", 4, None),
     ("N=4 ours", 4, "ours"),
 )
@@ -155,7 +158,10 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
 
     cpu_expert_parallel()
     cfx.compile_fx_inner = _fx_inner  # type: ignore[assignment]
+    import ap_epchunk._schedule_cost as cost
+
     ours = ap_epchunk.schedule_chunk_overlap
+    latency = cost.LATENCY_S
     out: dict[str, Any] = {"rank": rank, "models": {}, "load": []}
     torch._dynamo.config.cache_size_limit = 16
     for model in models:
@@ -179,6 +185,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
             ap_epchunk.schedule_chunk_overlap = (  # type: ignore[attr-defined]
                 torchtitan_schedule if scheduler == "torchtitan" else ours
             )
+            cost.LATENCY_S = 50e-6 if scheduler == "ours-50us" else latency
             fn = torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))
             try:
                 fn(*batch).backward()  # compiles forward and backward
@@ -187,6 +194,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
                 errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             finally:
                 ap_epchunk.schedule_chunk_overlap = ours  # type: ignore[attr-defined]
+                cost.LATENCY_S = latency
             for _, p in params:
                 p.grad = None
         times: dict[str, list[float]] = {name: [] for name in compiled}
@@ -334,7 +342,7 @@ def markdown(result: dict[str, Any]) -> str:
             if name not in m["step_ms"]:
                 lines.append(f"| {model} | {name} | - | - | - | {m['errors'].get(name, '-')} |")
                 continue
-            base = name.split(" ")[0]
+            base = name.split(" ")[0].rstrip(",")
             ref = m["exposed_ms"].get(base)
             ratio = m["exposed_ms"][name] / ref if ref and base != name else None
             lines.append(
@@ -349,7 +357,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for model, m in result["models"].items():
         per = m.get("per_exchange_ms") or []
-        for name in ("N=2", "N=2 ours", "N=2 torchtitan"):
+        for name in ("N=2", "N=2 ours", "N=2 ours, 50 us", "N=2 torchtitan"):
             if len(per) < 2 or name not in per[0]:
                 continue
             cells = [
