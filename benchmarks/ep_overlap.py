@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -232,20 +234,27 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
 
 
 def exposed_in_code(code: str) -> tuple[int, int]:
-    """``(all_to_all_single launches, those with no kernel call before their wait)`` in the
-    ``call`` function of an Inductor output module: what Inductor kept of the schedule."""
-    lines = code.splitlines()
+    """``(all_to_all_single launches, those with no kernel call before their wait)`` in an
+    Inductor output module: what Inductor kept of the schedule. A launch is an assignment
+    ``bufN = torch.ops._c10d_functional.all_to_all_single...(``, its wait the first later
+    ``wait_tensor`` call naming ``bufN``; a kernel is a ``cpp_fused_*`` / ``extern_kernels.*`` /
+    ``aten`` call (comments skipped)."""
+    lines = [ln.strip() for ln in code.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    launch = re.compile(r"^(\w+) = torch\.ops\._c10d_functional\.all_to_all_single\.")
+    kernel = re.compile(r"(cpp_fused_\w+\(|extern_kernels\.\w+\(|torch\.ops\.aten\.\w+)")
     launches = exposed = 0
     for i, line in enumerate(lines):
-        if "all_to_all_single" not in line or "wait_tensor" in line:
+        match = launch.match(line)
+        if match is None:
             continue
         launches += 1
-        buf = line.split("=")[0].strip()
+        buf = re.compile(rf"\b{match.group(1)}\b")
         for later in lines[i + 1 :]:
-            if "wait_tensor" in later and buf and buf in later:
+            if "wait_tensor" in later and buf.search(later):
                 exposed += 1
                 break
-            if "cpp_fused" in later or "extern_kernels." in later or "torch.ops.aten." in later:
+            if kernel.search(later):
                 break
     return launches, exposed
 
@@ -289,9 +298,12 @@ def _inductor_rank(rank: int, world: int, model: str, n: int) -> dict[str, Any]:
         codes.clear()
         config = ChunkConfig((PATTERN,), num_chunks=n, schedule_overlap=scheduled)
         torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))(*batch).backward()
-        out["ours" if scheduled else "unscheduled"] = {
-            ("bw" if bw else "fw"): exposed_in_code(code) for bw, code in codes
-        }
+        label = "ours" if scheduled else "unscheduled"
+        out[label] = {("bw" if bw else "fw"): exposed_in_code(code) for bw, code in codes}
+        for bw, code in codes:
+            Path(
+                f"{tempfile.gettempdir()}/ep_overlap_{label}_{'bw' if bw else 'fw'}_{rank}.py"
+            ).write_text(code)
     return out
 
 
