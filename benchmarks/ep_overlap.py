@@ -11,8 +11,8 @@ same process, so they interleave):
 * ``N=2`` / ``N=4``: chunked, ``ChunkConfig(schedule_overlap=False)`` (the chunk pass's
   node-by-node interleaving);
 * ``N=2 ours`` / ``N=4 ours``: chunked + ``schedule_chunk_overlap`` (the default);
-* ``N=2 ours, 50 us``: ours with the cost model's collective latency at 50 us instead of 500
-  us (an A/B of that one constant, ``ap_epchunk._schedule_cost.LATENCY_S``);
+* ``N=2 ours, 500 us``: ours with the cost model's collective latency at 500 us instead of
+  50 us (an A/B of that one constant, ``ap_epchunk._schedule_cost.LATENCY_S``);
 * ``N=2 torchtitan``: chunked, then torchtitan 0.3.0's ``ep_overlap_schedule_pass`` (two chunks
   only) on the same joint graph instead of ours, its metadata (``chunked_region_role``,
   ``chunk_id``, ``EP_token_exchange`` labels on the token exchanges) translated from ours.
@@ -52,7 +52,7 @@ VARIANTS: tuple[tuple[str, int, str | None], ...] = (
     ("N=2", 2, None),
     ("N=2 ours", 2, "ours"),
     ("N=2 torchtitan", 2, "torchtitan"),
-    ("N=2 ours, 50 us", 2, "ours-50us"),
+    ("N=2 ours, 500 us", 2, "ours-500us"),
     ("N=4", 4, None),
     ("N=4 ours", 4, "ours"),
 )
@@ -187,7 +187,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
             ap_epchunk.schedule_chunk_overlap = (  # type: ignore[attr-defined]
                 torchtitan_schedule if scheduler == "torchtitan" else ours
             )
-            cost.LATENCY_S = 50e-6 if scheduler == "ours-50us" else latency
+            cost.LATENCY_S = 500e-6 if scheduler == "ours-500us" else latency
             fn = torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))
             try:
                 fn(*batch).backward()  # compiles forward and backward
@@ -369,7 +369,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for model, m in result["models"].items():
         per = m.get("per_exchange_ms") or []
-        for name in ("N=2", "N=2 ours", "N=2 ours, 50 us", "N=2 torchtitan"):
+        for name in ("N=2", "N=2 ours", "N=2 ours, 500 us", "N=2 torchtitan"):
             if len(per) < 2 or name not in per[0]:
                 continue
             cells = [

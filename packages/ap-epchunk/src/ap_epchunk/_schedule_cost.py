@@ -14,10 +14,10 @@ import torch
 import torch.fx
 from ap_tags.graph import is_collective, is_wait, node_nbytes, op_overload, size_hint
 
-#: seconds: a collective's latency, and the link bandwidth (bytes/s) of its payload. 500 us is
-#: the order an exchange of the EP zoo models was exposed for unscheduled at 2 gloo ranks
-#: (0.4-0.7 ms each, benchmarks/RESULTS.md, issue 24); 50 us filled too little in backward
-LATENCY_S, LINK_BPS = 500e-6, 1e9
+#: seconds: a collective's latency, and the link bandwidth (bytes/s) of its payload. An A/B
+#: against 500 us (the order an exchange was exposed for unscheduled on the EP zoo models at 2
+#: gloo ranks) was inconclusive at the machine's noise (benchmarks/RESULTS.md, issue 24)
+LATENCY_S, LINK_BPS = 50e-6, 1e9
 #: seconds per op (dispatch), memory bandwidth (bytes/s), matmul rate (flop/s)
 OP_S, MEMORY_BPS, FLOPS = 5e-6, 5e9, 2e10
 #: bytes assumed for a tensor whose size has no hint
