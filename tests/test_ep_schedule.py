@@ -14,7 +14,9 @@ is scheduled (``schedule_chunk_overlap`` on a copy) and run again on the first c
 partitioning) gives ``torch.equal`` losses and gradients, and the scheduled partitioned graphs
 leave fewer exchanges exposed (the partitioner kept the order).
 
-One 2-rank spawn checks every case. The partitioned graphs run as FX graphs (no Inductor
+By default one case runs (Qwen3-MoE, N=2, graph level: one compile, 90 s at load ~10 on the
+2-core machine, less idle); ``AP_EP_SCHEDULE_CASES=all`` runs every EP zoo model x N in {2, 4}
+at both levels (4 min at load ~10; passed on 2026-11-25). One 2-rank spawn checks every case. The partitioned graphs run as FX graphs (no Inductor
 codegen), so what runs is exactly the order the backend handed on; per model one ``precompile``
 serves its cases.
 """
