@@ -259,10 +259,17 @@ def exposed_in_code(code: str) -> tuple[int, int]:
     return launches, exposed
 
 
-def _inductor_rank(rank: int, world: int, model: str, n: int) -> dict[str, Any]:
-    """``model`` chunked in ``n`` through real Inductor, schedule off and on: the exposed
-    exchanges of each generated forward / backward module."""
+def _inductor_rank(
+    rank: int, world: int, model: str, n: int, settings: dict[str, bool]
+) -> dict[str, Any]:
+    """``model`` chunked in ``n`` through real Inductor (``settings``: Inductor config values
+    to set first), schedule off and on: the exposed exchanges of each generated forward /
+    backward module."""
     import torch._inductor.compile_fx as cfx
+    import torch._inductor.config as inductor_config
+
+    for key, value in settings.items():
+        setattr(inductor_config, key, value)
     from ap_backend import autoparallel_backend, precompile
     from ap_epchunk import ChunkConfig, mark_chunk_dim
     from ap_tags import annotate_module_fqns
@@ -386,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--json", default=None)
     parser.add_argument(
+        "--inductor-config",
+        action="append",
+        default=[],
+        metavar="KEY=0|1",
+        help="with --inductor-order: set this boolean torch._inductor.config value first",
+    )
+    parser.add_argument(
         "--inductor-order",
         action="store_true",
         help="instead: compile the first model at N=2 through Inductor, schedule off and on, "
@@ -398,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         root = str(Path(__file__).resolve().parent.parent)
         if root not in sys.path:
             sys.path.insert(0, root)
-        ranks = spawn_ranks(_inductor_rank, 2, args.models.split(",")[0], 2, timeout_s=3000.0)
+        settings = {k: v == "1" for k, v in (kv.split("=", 1) for kv in args.inductor_config)}
+        model = args.models.split(",")[0]
+        ranks = spawn_ranks(_inductor_rank, 2, model, 2, settings, timeout_s=3000.0)
         print(json.dumps(ranks[0]))
         return 0
     result = run(args.models.split(","), args.rounds, args.steps)
