@@ -110,9 +110,16 @@ class AutoParallelBackend:
     # -- configuration -------------------------------------------------------------------------
     def _config_patches(self) -> dict[str, Any]:
         opts = self.options
-        return overlap_config_patches(
+        patches = overlap_config_patches(
             overlap_scheduling=opts.overlap_scheduling, bucketing=opts.bucketing
         )
+        if opts.ep_chunk is not None and opts.ep_chunk.schedule_overlap:
+            # Inductor's peak-memory reorder (on by default) picks another topological order
+            # for a scheduled forward whenever ours has a higher estimated peak, which undoes
+            # the chunk pipeline (measured on Qwen3-MoE N=2: chunk 1's dispatch then waits
+            # until chunk 0's experts ran); without it Inductor keeps the FX order
+            patches = {**patches, "reorder_for_peak_memory": False}
+        return patches
 
     def _joint_pass(
         self, gm: torch.fx.GraphModule, joint_inputs: Any, graph_inputs: Sequence[Any] = ()
