@@ -20,18 +20,17 @@ Where it runs and what keeps the order downstream (torch 2.15):
   pulling in only the forward nodes each one needs. A forward or backward graph run as FX (no
   Inductor codegen) therefore runs exactly this order.
 * Inductor lowers each graph in FX order; an ``all_to_all_single`` becomes a collective kernel
-  launched asynchronously and its ``wait_tensor`` a separate wait kernel. Its scheduler may still
-  move nodes: fusion, ``reorder_for_peak_memory`` (on by default; it keeps its input order when
-  that has the lowest estimated peak) and, on 2.14+, ``aten_distributed_optimizations.
-  enable_simple_overlap`` (on by default), which moves collective launches earlier and waits
-  later -- the same direction as this schedule. ``reorder_for_compute_comm_overlap`` is off by
-  default. The only hard ordering hook is the ``control_deps`` higher-order op that
-  ``overlap_scheduling``'s manual scheduling inserts on post-grad graphs
-  (``fx_passes/control_dependencies.preserve_node_ordering``); this pass does not insert it (the
-  joint graph is retraced by the partitioner), so under Inductor the schedule is the order
-  Inductor starts from, not a constraint. Measured on Qwen3-MoE at N=2
-  (``benchmarks.ep_overlap --inductor-order``): Inductor keeps the backward's order and
-  regroups the forward's (chunk 1's split-size chain after chunk 0's experts).
+  launched asynchronously and its ``wait_tensor`` a separate wait kernel. Its scheduler then
+  fuses and, with ``reorder_for_peak_memory`` (on by default), replaces the order by another
+  topological order when that has a lower estimated peak -- which regroups a scheduled forward
+  (measured on Qwen3-MoE at N=2, ``benchmarks.ep_overlap --inductor-order``: chunk 1's
+  split-size chain after chunk 0's experts). With it off, the generated code keeps this order,
+  so the backend turns it off when it schedules. ``enable_simple_overlap`` (2.14+, on by
+  default) moves launches earlier and waits later (this schedule's direction);
+  ``reorder_for_compute_comm_overlap`` is off by default. The hard ordering hook,
+  ``torch.ops.higher_order.control_deps`` (``overlap_scheduling``'s manual scheduling inserts
+  it on post-grad graphs, ``fx_passes/control_dependencies.preserve_node_ordering``), is not
+  used: the joint graph is retraced by the partitioner.
 """
 
 from __future__ import annotations
