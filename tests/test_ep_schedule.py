@@ -212,3 +212,16 @@ def test_schedule_is_bitwise_equal_and_hides_exchanges_on_the_ep_zoo_models(
             print(case, {k: v for k, v in r.items() if k.startswith(("graph_", "backend_"))})
             problems += [f"{case}: {p}" for p in r["problems"]]
     assert not problems, "\n".join(problems)
+
+
+def test_with_the_schedule_inductor_keeps_the_fx_order() -> None:
+    """Inductor's peak-memory reorder regroups a scheduled forward (``benchmarks.ep_overlap
+    --inductor-order``): with the schedule on, the backend compiles without it."""
+    from ap_backend import autoparallel_backend
+    from ap_epchunk import ChunkConfig
+
+    on = autoparallel_backend(ep_chunk=ChunkConfig((PATTERN,)))
+    off = autoparallel_backend(ep_chunk=ChunkConfig((PATTERN,), schedule_overlap=False))
+    assert on._persistent_patches.get("reorder_for_peak_memory") is False
+    assert "reorder_for_peak_memory" not in off._persistent_patches
+    assert "reorder_for_peak_memory" not in autoparallel_backend()._persistent_patches
