@@ -86,6 +86,9 @@ class AutoParallelBackend:
     * ``partition_reports``: ap-partitioner's reports;
     * ``bucketing_stats``: ap-bucketing's stats, forward and backward;
     * ``chunk_reports``: ap-epchunk's reports (one per chunked joint graph);
+    * ``schedule_reports``: ap-epchunk's overlap-schedule reports (one per chunked joint graph
+      whose ``ChunkConfig.schedule_overlap`` is on);
+    * ``lane_reports``: ap-epchunk's exchange-lane reports (``ChunkConfig.exchange_lane``);
     * ``compile_seconds``: wall time of each backend call (forward + joint partition);
     * ``inner_compiles``: per graph handed to Inductor, ``is_backward`` and ``collectives``
       (:func:`collective_counts` of the partitioned graph).
@@ -97,6 +100,8 @@ class AutoParallelBackend:
         self.partition_reports: list[Any] = []
         self.bucketing_stats: list[Any] = []
         self.chunk_reports: list[Any] = []
+        self.schedule_reports: list[Any] = []
+        self.lane_reports: list[Any] = []
         self.compile_seconds: list[float] = []
         self.inner_compiles: list[dict[str, Any]] = []
         self._partitioner = MeasuringPartitioner(
@@ -126,9 +131,16 @@ class AutoParallelBackend:
     # -- configuration -------------------------------------------------------------------------
     def _config_patches(self) -> dict[str, Any]:
         opts = self.options
-        return overlap_config_patches(
+        patches = overlap_config_patches(
             overlap_scheduling=opts.overlap_scheduling, bucketing=opts.bucketing
         )
+        if opts.ep_chunk is not None and opts.ep_chunk.schedule_overlap:
+            # Inductor's peak-memory reorder (on by default) picks another topological order
+            # for a scheduled forward whenever ours has a higher estimated peak, which undoes
+            # the chunk pipeline (measured on Qwen3-MoE N=2: chunk 1's dispatch then waits
+            # until chunk 0's experts ran); without it Inductor keeps the FX order
+            patches = {**patches, "reorder_for_peak_memory": False}
+        return patches
 
     def _joint_pass(
         self, gm: torch.fx.GraphModule, joint_inputs: Any, graph_inputs: Sequence[Any] = ()
@@ -156,6 +168,16 @@ class AutoParallelBackend:
             gm.recompile()
             self.chunk_reports.append(report)
             emit_json("ap_chunk_report", report)
+            if config.schedule_overlap:
+                # after concretization (static sizes) and before partitioning: the partitioner
+                # and its autograd-order epilogue keep this order (ap_epchunk._schedule)
+                schedule = ap_epchunk.schedule_chunk_overlap(gm)
+                self.schedule_reports.append(schedule)
+                emit_json("ap_chunk_schedule", schedule)
+            if config.exchange_lane:
+                lane = ap_epchunk.exchange_lane(gm)
+                self.lane_reports.append(lane)
+                emit_json("ap_chunk_lane", lane)
             emit_string("ap_chunk_after", lambda: gm.print_readable(print_output=False))
         if self._ac_pass is not None:
             gm = self._ac_pass(gm, joint_inputs)
@@ -233,7 +255,11 @@ def autoparallel_backend(
     * ``bucketing``: ``True`` or an ``ap_bucketing.BucketingConfig`` enables topo-span-bounded
       FSDP bucketing for every graph this backend compiles, including the lazy backward.
     * ``ep_chunk``: an ``ap_epchunk.ChunkConfig``; chunks the selected regions of the joint graph
-      and concretizes the chunk symbols before partitioning.
+      and concretizes the chunk symbols before partitioning, then (``schedule_overlap``, on by
+      default) pipelines each chunked region so one chunk's token exchange runs under another
+      chunk's compute (``ap_epchunk.schedule_chunk_overlap``), and (``exchange_lane``, on by
+      default) moves exchanges that share a process group with FSDP collectives to a group of
+      their own (``ap_epchunk.exchange_lane``).
     * ``partitioner``: ``None``/``"save_all"`` (replay the first compile's saves), ``"min_cut"``,
       or any ``CustomPartitionerFn``.
     * ``activation_budget_bytes``: with the save-all replay, keep each partition's saved

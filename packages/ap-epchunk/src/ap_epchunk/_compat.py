@@ -204,3 +204,13 @@ def materialize_symints(graph: torch.fx.Graph, values: list[torch.SymInt]) -> li
         return list(fn(values))
     except (AssertionError, KeyError, NotImplementedError, TypeError, ValueError):
         return None
+
+
+def process_group_of(group_name: str) -> Any:
+    """The ``ProcessGroup`` a functional collective's ``group_name`` argument names
+    (``torch._C._distributed_c10d._resolve_process_group``, what the collectives resolve it
+    with at run time)."""
+    resolve: Callable[[str], Any] = SUPPORT.attr(
+        "torch._C._distributed_c10d", "_resolve_process_group"
+    )
+    return resolve(group_name)

@@ -46,6 +46,15 @@ class ChunkConfig:
     * ``chunk_inputs``: placeholder names whose ``dim`` carries tokens when the graph has
       static sizes. Empty: the chunk dims are the hinted unbacked symbols of the placeholders
       (``mark_chunk_dim(..., hint=N)`` before tracing).
+    * ``schedule_overlap``: read by ``ap_backend.autoparallel_backend(ep_chunk=...)``: after
+      chunking, run :func:`ap_epchunk.schedule_chunk_overlap` (pipeline the chunks so one
+      chunk's token exchange runs under another chunk's compute). On by default: chunking
+      exists for that overlap, and the schedule never changes a value. ``chunk_pass`` itself
+      never schedules.
+    * ``exchange_lane``: read by the backend too: move the chunked exchanges that share a
+      process group with another collective (FSDP all-gathers, reduce-scatters) onto a group
+      of their own with the same ranks (:func:`ap_epchunk.exchange_lane`), so a parameter
+      all-gather never queues behind a token exchange. On by default (same ranks, same values).
     """
 
     module_patterns: tuple[str, ...] = ()
@@ -53,6 +62,8 @@ class ChunkConfig:
     num_chunks: int = 2
     early_grad_accumulation: bool = True
     chunk_inputs: tuple[str, ...] = ()
+    schedule_overlap: bool = True
+    exchange_lane: bool = True
 
     def __post_init__(self) -> None:
         patterns = _names(self.module_patterns, "module_patterns", "fnmatch patterns")
@@ -62,6 +73,8 @@ class ChunkConfig:
         require_int(self.dim, where=_WHERE, arg="dim", minimum=0)
         require_int(self.num_chunks, where=_WHERE, arg="num_chunks", minimum=2)
         require_bool(self.early_grad_accumulation, where=_WHERE, arg="early_grad_accumulation")
+        require_bool(self.schedule_overlap, where=_WHERE, arg="schedule_overlap")
+        require_bool(self.exchange_lane, where=_WHERE, arg="exchange_lane")
         object.__setattr__(
             self, "chunk_inputs", _names(self.chunk_inputs, "chunk_inputs", "placeholder names")
         )
