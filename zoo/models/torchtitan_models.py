@@ -94,9 +94,14 @@ def _ends(tt: Any, dim: int, vocab: int = VOCAB) -> dict[str, Any]:
     }
 
 
-def llama3(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
+def llama3(
+    steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ, tp_plan: bool = False
+) -> ZooModel:
     """Llama3 ``debugmodel`` shape (fused QKV, complex RoPE with llama scaling), 2 layers
-    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
+    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section). ``tp_plan``:
+    torchtitan's own Llama3 sharding config (``set_llama3_sharding_config``, no sequence
+    parallelism) is set on the config, so ``model.parallelize(parallel_dims)`` applies its
+    tensor-parallel plan (``zoo.meshes``); without a TP mesh it changes nothing."""
     import torchtitan.models.llama3 as tt
     from torchtitan.models.common import ComplexRoPE, compute_ffn_hidden_dim
 
@@ -117,6 +122,10 @@ def llama3(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> Z
             attn_backend="flex",
         ),
     )
+    if tp_plan:
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        set_llama3_sharding_config(cfg, enable_sp=False)
     return _finish(
         "tt_llama3",
         f"debugmodel shape: dim {dim}, 4 heads, {n_layers} layers, vocab {VOCAB}",
