@@ -81,7 +81,6 @@ GRAD_RTOL = 1e-4
 #: bf16: the compiled run's gap to eager may be at most this many times stock's.
 BF16_MULTIPLIER = 2.0
 LR = 1e-2
-FULL = {"enable_ac": True, "bucketing": True, "overlap_scheduling": True}
 
 
 @dataclass(frozen=True)
@@ -339,7 +338,7 @@ def _graph_breaks() -> int:
     return int(sum(counters["graph_break"].values()))
 
 
-def run_rank(rank: int, world: int, name: str) -> dict[str, Any]:
+def run_rank(rank: int, world: int, name: str, config: str = "full") -> dict[str, Any]:
     """One rank's row: eager, the full configuration, stock when asked; plain numbers back."""
     from ap_backend import autoparallel_backend, precompile
     from torch._dynamo.utils import counters
@@ -355,7 +354,7 @@ def run_rank(rank: int, world: int, name: str) -> dict[str, Any]:
     params = list(step.named_parameters())
     data, eval_batch = batches(row, rank)
     state = _State(step)
-    out: dict[str, Any] = {"rank": rank, "row": name, "n_params": len(params)}
+    out: dict[str, Any] = {"rank": rank, "row": name, "config": config, "n_params": len(params)}
 
     eager = train(step, params, row, data, eval_batch)
     out["eager_s"] = eager.seconds
@@ -369,7 +368,9 @@ def run_rank(rank: int, world: int, name: str) -> dict[str, Any]:
     out["precompile_s"] = time.perf_counter() - start
     out["fsdp_chains"] = int(pm.fsdp_report.chains_found)
     state.restore()
-    backend = autoparallel_backend(**FULL)  # type: ignore[arg-type]
+    from zoo.run import AP_CONFIGS
+
+    backend = autoparallel_backend(**AP_CONFIGS[config])
     counting = _count_pass(backend, _axis_names(dims, row))
     ap = train(torch.compile(pm, backend=backend), params, row, data, eval_batch)
     out["ap_s"] = ap.seconds
