@@ -124,17 +124,25 @@ ROWS: dict[str, Row] = {
 # the model on the mesh
 
 
-class _LossOf(nn.Module):
-    """The parallelised model and the zoo model's loss as one module (what is compiled)."""
+def torchtitan_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """torchtitan's trainer loss (``components.loss.cross_entropy_loss``: fp32, sum reduction;
+    on vocabulary-sharded TP logits its loss-parallel ``_LossParallelCrossEntropy``) over the
+    token count: the mean next-token loss."""
+    from torchtitan.components.loss import cross_entropy_loss
 
-    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor]) -> None:
+    out: torch.Tensor = cross_entropy_loss(logits, targets) / targets.numel()
+    return out
+
+
+class _LossOf(nn.Module):
+    """The parallelised model and torchtitan's loss as one module (what is compiled)."""
+
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self._loss_fn = loss_fn
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self._loss_fn(self.model(tokens), targets)
-        return out
+        return torchtitan_loss(self.model(tokens), targets)
 
 
 def parallel_dims(row: Row) -> Any:
@@ -175,7 +183,16 @@ def build(row: Row, dims: Any) -> tuple[_LossOf, Any]:
         mixed_precision_reduce="float32",
     )
     model = apply_simple_fsdp(model, parallel_dims=dims, training=training)
-    return _LossOf(model, zm.loss_fn), zm
+    return _LossOf(model), zm
+
+
+def unsharded_loss(batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """The same model (seed 0) unparallelised, fp32, on ``batch``: what a correct mesh's first
+    loss equals (up to fp32 round-off), independent of eager-vs-compiled."""
+    from zoo.models.torchtitan_models import llama3
+
+    with torch.no_grad():
+        return float(torchtitan_loss(llama3(1).module(batch[0]), batch[1]))
 
 
 def _dp_index(row: Row, rank: int) -> int:
@@ -358,6 +375,8 @@ def run_rank(rank: int, world: int, name: str, config: str = "full") -> dict[str
 
     eager = train(step, params, row, data, eval_batch)
     out["eager_s"] = eager.seconds
+    reference = unsharded_loss(data[0])
+    out["mesh_vs_unsharded"] = abs(eager.losses[0] - reference) / abs(reference)
     out["losses_eager"] = eager.losses + eager.eval_losses
 
     state.restore()
@@ -415,6 +434,7 @@ class RowResult:
     loss_rel: float
     grad_rel: float
     grad_worst: str
+    mesh_vs_unsharded: float
     stock_loss_rel: float | None
     stock_grad_rel: float | None
     graph_breaks: int
@@ -451,6 +471,7 @@ def combine(name: str, ranks: list[dict[str, Any]], wall_s: float, launcher: str
         loss_rel=worst("loss_rel"),
         grad_rel=worst("grad_rel"),
         grad_worst=max(ranks, key=lambda r: r["grad_rel"])["grad_worst"],
+        mesh_vs_unsharded=worst("mesh_vs_unsharded"),
         stock_loss_rel=worst("stock_loss_rel") if row.stock else None,
         stock_grad_rel=worst("stock_grad_rel") if row.stock else None,
         graph_breaks=int(worst("graph_breaks")),
@@ -503,6 +524,8 @@ def evaluate(res: RowResult) -> list[str]:
         if res.grad_rel > BF16_MULTIPLIER * max(res.stock_grad_rel, GRAD_RTOL):
             problems.append("grads beyond 2x stock's gap")
     else:
+        if res.mesh_vs_unsharded > LOSS_RTOL:
+            problems.append("eager mesh loss != unsharded model's")
         if res.loss_rel > LOSS_RTOL:
             problems.append("loss")
         if res.grad_rel > GRAD_RTOL:
