@@ -163,3 +163,111 @@ def test_readme_torchrun_section_runs_verbatim() -> None:
             assert re.search(r"max grad rel diff.*\| \d", out), out
         else:
             assert re.search(r"\| full \| .* \| ok \|", out), out
+
+
+# ----------------------------------------------------------------------------------------------
+# the per-group collective count and the verdict, without ranks (default run, < 1 s)
+
+
+def _collective_graph() -> Any:
+    """fsdp all-gather + reduce-scatter, a tp all-reduce, an all-reduce on no mesh group."""
+    import torch
+    import torch.fx as fx
+
+    c10d = torch.ops._c10d_functional
+    g = fx.Graph()
+    x = g.placeholder("x")
+    ag = g.call_function(c10d.all_gather_into_tensor.default, (x, 2, "7"))
+    rs = g.call_function(c10d.reduce_scatter_tensor.default, (x, "sum", 2, "7"))
+    ar = g.call_function(c10d.all_reduce.default, (x, "sum", "9"))
+    other = g.call_function(c10d.all_reduce.default, (x, "sum", "42"))
+    waits = [g.call_function(c10d.wait_tensor.default, (n,)) for n in (ag, rs, ar, other)]
+    g.output(tuple(waits))
+    return g
+
+
+def test_collectives_are_counted_per_mesh_axis() -> None:
+    from zoo.meshes import GroupCounting, _by_group
+
+    counts = _by_group(_collective_graph(), {"7": "fsdp", "9": "tp"})
+    assert counts == {
+        "fsdp": {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 0},
+        "tp": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 1},
+        "other": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 1},
+    }
+
+    class Inner:
+        def __call__(self, graph: Any) -> None:  # "buckets" the tp all-reduce away
+            (tp,) = [n for n in graph.nodes if n.args[-1:] == ("9",)]
+            (wait,) = tp.users
+            wait.replace_all_uses_with(tp.args[0])
+            graph.erase_node(wait)
+            graph.erase_node(tp)
+
+        def uuid(self) -> str:
+            return "inner"
+
+    counting = GroupCounting(Inner(), {"7": "fsdp", "9": "tp"})
+    counting(_collective_graph())
+    (report,) = counting.reports
+    assert report["before"]["tp"]["all_reduce"] == 1
+    assert "tp" not in report["after"]
+    assert counting.uuid() == "inner"
+
+
+def _result(**changes: Any) -> RowResult:
+    base: dict[str, Any] = dict(
+        row="fsdp_tp_2x2",
+        mesh="fsdp 2 x tp 2",
+        ranks=4,
+        micro=1,
+        steps=1,
+        eval=False,
+        bf16=False,
+        loss_rel=1e-7,
+        grad_rel=1e-6,
+        grad_worst="",
+        mesh_vs_unsharded=1e-7,
+        stock_loss_rel=None,
+        stock_grad_rel=None,
+        graph_breaks=0,
+        stock_graph_breaks=None,
+        graphs=1,
+        fallbacks=0,
+        all_gather_saved=0,
+        fsdp_chains=17,
+        n_params=17,
+        collectives=[
+            {
+                "before": {"fsdp": {"reduce_scatter": 17}, "tp": {"all_reduce": 8}},
+                "after": {"fsdp": {"reduce_scatter": 1}, "tp": {"all_reduce": 8}},
+            }
+        ],
+        seconds={},
+    )
+    base.update(changes)
+    return RowResult(**base)
+
+
+def test_verdict_flags_each_broken_property() -> None:
+    assert evaluate(_result()) == []
+    merged_tp = [
+        {
+            "before": {"fsdp": {"reduce_scatter": 17}, "tp": {"all_reduce": 8}},
+            "after": {"fsdp": {"reduce_scatter": 1}, "tp": {"all_reduce": 2}},
+        }
+    ]
+    assert evaluate(_result(collectives=merged_tp)) == ["tp all_reduce changed 8 -> 2"]
+    unbucketed = [{"before": {"fsdp": {"reduce_scatter": 17}}, "after": {"fsdp": {"reduce_scatter": 17}}}]
+    assert evaluate(_result(collectives=unbucketed)) == ["fsdp reduce-scatters not bucketed"]
+    assert evaluate(_result(grad_rel=2e-4)) == ["grads"]
+    assert evaluate(_result(loss_rel=2e-5)) == ["loss"]
+    assert evaluate(_result(mesh_vs_unsharded=1e-3)) == ["eager mesh loss != unsharded model's"]
+    assert evaluate(_result(fallbacks=1)) == ["fallbacks"]
+    assert evaluate(_result(graph_breaks=1)) == ["graph breaks"]
+    assert evaluate(_result(graphs=2)) == ["2 graphs (expected 1)"]
+    bf16 = dict(row="bf16", bf16=True, stock_loss_rel=5e-5, stock_grad_rel=1e-2)
+    assert evaluate(_result(**bf16, loss_rel=9e-5, grad_rel=1.9e-2)) == []
+    assert evaluate(_result(**bf16, loss_rel=1.8e-4, grad_rel=1e-2)) == [
+        "loss beyond 2x stock's gap"
+    ]
