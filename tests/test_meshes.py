@@ -65,7 +65,6 @@ def _structure(res: RowResult) -> None:
 @pytest.mark.slow
 def test_accumulation_and_no_grad_eval_match_eager() -> None:
     res = _row("accum_eval")
-    row = ROWS["accum_eval"]
     assert (res.micro, res.steps, res.eval) == (2, 2, True)
     _fp32_numerics(res)
     _structure(res)
@@ -220,6 +219,7 @@ def _result(**changes: Any) -> RowResult:
         row="fsdp_tp_2x2",
         mesh="fsdp 2 x tp 2",
         ranks=4,
+        config="full",
         micro=1,
         steps=1,
         eval=False,
@@ -258,7 +258,9 @@ def test_verdict_flags_each_broken_property() -> None:
         }
     ]
     assert evaluate(_result(collectives=merged_tp)) == ["tp all_reduce changed 8 -> 2"]
-    unbucketed = [{"before": {"fsdp": {"reduce_scatter": 17}}, "after": {"fsdp": {"reduce_scatter": 17}}}]
+    unbucketed = [
+        {"before": {"fsdp": {"reduce_scatter": 17}}, "after": {"fsdp": {"reduce_scatter": 17}}}
+    ]
     assert evaluate(_result(collectives=unbucketed)) == ["fsdp reduce-scatters not bucketed"]
     assert evaluate(_result(grad_rel=2e-4)) == ["grads"]
     assert evaluate(_result(loss_rel=2e-5)) == ["loss"]

@@ -177,7 +177,7 @@ def build(row: Row, dims: Any) -> tuple[_LossOf, Any]:
     zm = llama3(1, tp_plan=row.tp > 1)
     model = zm.module
     if row.tp > 1:
-        model.parallelize(dims)
+        model.parallelize(dims)  # type: ignore[operator]
     training = TrainingConfig(
         mixed_precision_param="bfloat16" if row.bf16 else "float32",
         mixed_precision_reduce="float32",
@@ -329,7 +329,11 @@ class GroupCounting:
 def _axis_names(dims: Any, row: Row) -> dict[str, str]:
     """Process-group name -> mesh axis, for every axis of ``row``'s mesh."""
     names: dict[str, str] = {}
-    for axis, degree in (("dp_replicate", row.dp_replicate), ("fsdp", row.dp_shard), ("tp", row.tp)):
+    for axis, degree in (
+        ("dp_replicate", row.dp_replicate),
+        ("fsdp", row.dp_shard),
+        ("tp", row.tp),
+    ):
         if degree > 1:
             names[dims.get_mesh(axis).get_group().group_name] = axis
     return names
@@ -355,7 +359,9 @@ def _graph_breaks() -> int:
     return int(sum(counters["graph_break"].values()))
 
 
-def run_rank(rank: int, world: int, name: str, config: str = "full") -> dict[str, Any]:
+def run_rank(
+    rank: int, world: int, name: str, config: str = "full", stock: bool = False
+) -> dict[str, Any]:
     """One rank's row: eager, the full configuration, stock when asked; plain numbers back."""
     from ap_backend import autoparallel_backend, precompile
     from torch._dynamo.utils import counters
@@ -402,16 +408,17 @@ def run_rank(rank: int, world: int, name: str, config: str = "full") -> dict[str
     out["fallback_reasons"] = [r.fallback_reason for r in backend.partition_reports if r.fell_back]
     out["partitions"] = len(backend.partition_reports)
     out["all_gather_saved"] = sum(len(s.all_gather_outputs) for s in backend.saved)
+    out["all_gather_saved_names"] = [str(n) for s in backend.saved for n in s.all_gather_outputs]
     out["collectives"] = counting.reports if counting is not None else []
 
-    if row.stock:
+    if row.stock or stock:
         state.restore()
         torch._dynamo.reset()
         counters.clear()
-        stock = train(torch.compile(step), params, row, data, eval_batch)
-        out["stock_loss_rel"], out["stock_grad_rel"], _ = _rel(stock, eager)
+        plain = train(torch.compile(step), params, row, data, eval_batch)
+        out["stock_loss_rel"], out["stock_grad_rel"], _ = _rel(plain, eager)
         out["stock_graph_breaks"] = _graph_breaks()
-        out["stock_s"] = stock.seconds
+        out["stock_s"] = plain.seconds
     torch._dynamo.reset()
     return out
 
@@ -427,6 +434,7 @@ class RowResult:
     row: str
     mesh: str
     ranks: int
+    config: str
     micro: int
     steps: int
     eval: bool
@@ -464,6 +472,7 @@ def combine(name: str, ranks: list[dict[str, Any]], wall_s: float, launcher: str
         row=name,
         mesh=row.mesh,
         ranks=len(ranks),
+        config=str(r0["config"]),
         micro=row.micro,
         steps=row.steps,
         eval=row.eval,
@@ -472,10 +481,10 @@ def combine(name: str, ranks: list[dict[str, Any]], wall_s: float, launcher: str
         grad_rel=worst("grad_rel"),
         grad_worst=max(ranks, key=lambda r: r["grad_rel"])["grad_worst"],
         mesh_vs_unsharded=worst("mesh_vs_unsharded"),
-        stock_loss_rel=worst("stock_loss_rel") if row.stock else None,
-        stock_grad_rel=worst("stock_grad_rel") if row.stock else None,
+        stock_loss_rel=worst("stock_loss_rel") if "stock_loss_rel" in r0 else None,
+        stock_grad_rel=worst("stock_grad_rel") if "stock_grad_rel" in r0 else None,
         graph_breaks=int(worst("graph_breaks")),
-        stock_graph_breaks=int(worst("stock_graph_breaks")) if row.stock else None,
+        stock_graph_breaks=int(worst("stock_graph_breaks")) if "stock_s" in r0 else None,
         graphs=int(r0["graphs"]),
         fallbacks=int(worst("fallbacks")),
         all_gather_saved=int(worst("all_gather_saved")),
@@ -575,12 +584,16 @@ def render(results: list[RowResult]) -> str:
         loop = f"{r.steps} steps x {r.micro} micro" + (", no_grad eval" if r.eval else "")
         loop += ", bf16 params" if r.bf16 else ""
         stock = (
-            f"{_fmt(r.stock_loss_rel)} / {_fmt(r.stock_grad_rel)}" if r.bf16 else "—"
+            f"{_fmt(r.stock_loss_rel)} / {_fmt(r.stock_grad_rel)}"
+            if r.stock_loss_rel is not None
+            else "—"
         )
         problems = evaluate(r)
-        breaks = f"{r.graph_breaks} / {'—' if r.stock_graph_breaks is None else r.stock_graph_breaks}"
+        breaks = (
+            f"{r.graph_breaks} / {'—' if r.stock_graph_breaks is None else r.stock_graph_breaks}"
+        )
         lines.append(
-            f"| `{r.row}` | {r.mesh} ({r.ranks}) | {loop} | {_fmt(r.loss_rel)} | "
+            f"| `{r.row}`{'' if r.config == 'full' else f' ({r.config})'} | {r.mesh} ({r.ranks}) | {loop} | {_fmt(r.loss_rel)} | "
             f"{_fmt(r.grad_rel)} | {stock} | {r.graphs} | {breaks} | {r.fallbacks} | "
             f"{_axes_cell(r)} | {r.wall_s} | "
             f"{'**ok**' if not problems else ', '.join(problems)} |"
@@ -592,12 +605,14 @@ def render(results: list[RowResult]) -> str:
 # launching
 
 
-def run_row(name: str, timeout_s: float = 1500.0) -> RowResult:
+def run_row(
+    name: str, timeout_s: float = 1500.0, config: str = "full", stock: bool = False
+) -> RowResult:
     """Spawn the row's ranks (gloo on 127.0.0.1) and combine them."""
     from ap_backend.demo import spawn_ranks
 
     start = time.perf_counter()
-    ranks = spawn_ranks(run_rank, ROWS[name].world, name, timeout_s=timeout_s)
+    ranks = spawn_ranks(run_rank, ROWS[name].world, name, config, stock, timeout_s=timeout_s)
     return combine(name, ranks, time.perf_counter() - start, "spawn")
 
 
@@ -605,7 +620,7 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-def _torchrun_rows(names: list[str]) -> list[RowResult] | None:
+def _torchrun_rows(names: list[str], config: str, stock: bool) -> list[RowResult] | None:
     """This process is one torchrun rank: run every row, gather to rank 0 (``None`` elsewhere)."""
     import torch.distributed as dist
 
@@ -616,7 +631,7 @@ def _torchrun_rows(names: list[str]) -> list[RowResult] | None:
     try:
         for name in names:
             start = time.perf_counter()
-            mine = run_rank(rank, world, name)
+            mine = run_rank(rank, world, name, config, stock)
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, mine)
             results.append(combine(name, gathered, time.perf_counter() - start, "torchrun"))
@@ -629,20 +644,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.meshes", description=__doc__)
     parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--json", default=None, help="write the rows here too")
+    parser.add_argument(
+        "--config", default="full", help="the ap configuration (zoo.run.AP_CONFIGS; full)"
+    )
+    parser.add_argument("--stock", action="store_true", help="also stock torch.compile, any row")
     args = parser.parse_args(argv)
     names = [n for n in args.rows.split(",") if n]
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
     if _under_torchrun():
-        results = _torchrun_rows(names)
+        results = _torchrun_rows(names, args.config, args.stock)
         if results is None:
             return 0
     else:
         results = []
         for name in names:
             print(f"[zoo.meshes] {name}: {ROWS[name].world} ranks ...", file=sys.stderr, flush=True)
-            results.append(run_row(name))
+            results.append(run_row(name, config=args.config, stock=args.stock))
     print(render(results))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
