@@ -83,6 +83,23 @@ BF16_MULTIPLIER = 2.0
 LR = 1e-2
 
 
+def _configs() -> dict[str, dict[str, Any]]:
+    from ap_bucketing import BucketingConfig
+
+    from zoo.run import AP_CONFIGS, BUCKET_FORM_CONFIGS
+
+    return {
+        **AP_CONFIGS,
+        **BUCKET_FORM_CONFIGS,
+        # diagnosis: bucketing without the overlap scheduler (reorder=False)
+        "bucketing_no_overlap": {"enable_ac": True, "bucketing": BucketingConfig()},
+    }
+
+
+#: The ap configurations a row can run (``--config``; the rows use ``full``).
+CONFIGS = _configs()
+
+
 @dataclass(frozen=True)
 class Row:
     """One mesh x loop: ``dp_replicate`` x ``dp_shard`` x ``tp`` ranks, ``micro`` micro-batches
@@ -393,9 +410,7 @@ def run_rank(
     out["precompile_s"] = time.perf_counter() - start
     out["fsdp_chains"] = int(pm.fsdp_report.chains_found)
     state.restore()
-    from zoo.run import AP_CONFIGS
-
-    backend = autoparallel_backend(**AP_CONFIGS[config])
+    backend = autoparallel_backend(**CONFIGS[config])
     counting = _count_pass(backend, _axis_names(dims, row))
     ap = train(torch.compile(pm, backend=backend), params, row, data, eval_batch)
     out["ap_s"] = ap.seconds

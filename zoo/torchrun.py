@@ -100,12 +100,16 @@ def _zoo(args: argparse.Namespace, rank: int, world: int) -> int:
     for r in results:
         fails = evaluate(r).failures() if r.config != "stock" else (["error"] if r.error else [])
         failed += bool(fails)
+        if r.loss_rel is None or r.grad_rel is None:
+            print(f"| {r.config} | — | — | — | — | error: {r.error} |")
+            continue
+        structure = "— | —"
+        if r.config != "stock":
+            structure = f"{r.fallbacks} | {'/'.join(str(a) for a in r.all_gather_saved)}"
+        verdict = "reference" if r.config == "stock" and not fails else "ok"
         print(
-            f"| {r.config} | {r.loss_rel:.1e} | {r.grad_rel:.1e} | {r.fallbacks} | "
-            f"{'/'.join(str(a) for a in r.all_gather_saved)} | "
-            f"{'ok' if not fails else ', '.join(fails)} |"
-            if r.loss_rel is not None and r.grad_rel is not None
-            else f"| {r.config} | — | — | — | — | error: {r.error} |"
+            f"| {r.config} | {r.loss_rel:.1e} | {r.grad_rel:.1e} | {structure} | "
+            f"{verdict if not fails else ', '.join(fails)} |"
         )
     return 0 if failed == 0 else 1
 
