@@ -13,8 +13,11 @@ multi-process (``torchrun``) section run verbatim.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,6 @@ from zoo.meshes import (  # noqa: E402
     RowResult,
     bucketed_axes,
     evaluate,
-    run_row,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +41,23 @@ _rows: dict[str, RowResult] = {}
 
 
 def _row(name: str) -> RowResult:
-    """Each row runs once per test process (its tests share it)."""
+    """Each row runs once per test process (its tests share it), as ``python -m zoo.meshes``
+    from the repository root: the spawned ranks import ``zoo`` from there (under pytest's
+    importlib mode a spawned child could not)."""
     if name not in _rows:
-        _rows[name] = run_row(name, timeout_s=900.0)
+        with tempfile.TemporaryDirectory(prefix="zoo-meshes-") as tmp:
+            out = Path(tmp) / "rows.json"
+            proc = subprocess.run(
+                [sys.executable, "-m", "zoo.meshes", "--rows", name, "--json", str(out)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
+            if not out.exists():
+                pytest.fail(f"zoo.meshes {name}: rc {proc.returncode}\n{proc.stderr[-4000:]}")
+            (record,) = json.loads(out.read_text())
+        _rows[name] = RowResult(**record)
     return _rows[name]
 
 
