@@ -152,20 +152,65 @@ def test_hsdp_2x2_matches_eager() -> None:
 @pytest.mark.meshes
 @pytest.mark.multirank
 @pytest.mark.slow
-def test_fsdp_tp_2x2_matches_eager_and_buckets_only_the_fsdp_dim() -> None:
+def test_fsdp_tp_2x2_eager_mesh_is_the_unsharded_model() -> None:
+    """The TP plan and SimpleFSDP are applied right: the eager mesh's first loss is the
+    unparallelised model's, and the compiled run has no graph break or fallback."""
     res = _row("fsdp_tp_2x2")
     assert res.ranks == 4 and res.mesh == "fsdp 2 x tp 2"
-    _fp32_numerics(res)
-    _structure(res)
+    assert res.mesh_vs_unsharded <= LOSS_RTOL
+    assert res.loss_rel <= LOSS_RTOL
+    assert res.fallbacks == 0 and res.graph_breaks == 0
+    assert "tp" in bucketed_axes(res) and "other" not in bucketed_axes(res)
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="FSDP + TP, full configuration: a gradient of garbage (grad rel 6.6e+38, "
+    "layers.1.feed_forward.w1.weight) with ap-bucketing's default bucket form "
+    "(custom_ops) + the overlap scheduler; correct (4e-7) with AC alone, with "
+    'bucket_mode="default", and with custom_ops without overlap scheduling '
+    "(zoo/RESULTS-meshes.md)",
+)
+def test_fsdp_tp_2x2_gradients_match_eager() -> None:
+    res = _row("fsdp_tp_2x2")
+    assert res.grad_rel <= GRAD_RTOL, (res.grad_rel, res.grad_worst)
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="FSDP + TP: the bucketing pass changes the tp group's backward collectives "
+    "(all-gather 4 -> 1, reduce-scatter 10 -> 7) in either bucket form, with or without "
+    "overlap scheduling (zoo/RESULTS-meshes.md)",
+)
+def test_fsdp_tp_2x2_buckets_only_the_fsdp_dim() -> None:
+    res = _row("fsdp_tp_2x2")
     axes = bucketed_axes(res)
     rs_before, rs_after = axes["fsdp"]["reduce_scatter"]
-    assert rs_before > 0 and rs_after < rs_before
+    assert rs_before == res.n_params and rs_after < rs_before
     tp: dict[str, Any] = axes["tp"]
     assert any(before for before, _ in tp.values())  # TP issues collectives of its own
     for kind, (before, after) in tp.items():
         assert before == after, (kind, before, after)  # ... which bucketing leaves alone
-    assert "other" not in axes
-    assert evaluate(res) == [], evaluate(res)
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="FSDP + TP: SaveAll saves 4 all-gather outputs and ap-tags finds 22 all-gather "
+    "chains for 17 parameters (tp-group all-gathers taken for FSDP chains; "
+    "zoo/RESULTS-meshes.md)",
+)
+def test_fsdp_tp_2x2_saves_no_all_gather_output() -> None:
+    res = _row("fsdp_tp_2x2")
+    assert res.all_gather_saved == 0
 
 
 def _readme_torchrun_commands() -> list[str]:
