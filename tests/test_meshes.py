@@ -167,12 +167,10 @@ def test_fsdp_tp_2x2_eager_mesh_is_the_unsharded_model() -> None:
 @pytest.mark.multirank
 @pytest.mark.slow
 @pytest.mark.xfail(
-    strict=True,
-    reason="FSDP + TP, full configuration: a gradient of garbage (grad rel 6.6e+38, "
-    "layers.1.feed_forward.w1.weight) with ap-bucketing's default bucket form "
-    "(custom_ops) + the overlap scheduler; correct (4e-7) with AC alone, with "
-    'bucket_mode="default", and with custom_ops without overlap scheduling '
-    "(zoo/RESULTS-meshes.md)",
+    strict=False,  # intermittent: a strict xfail would make CI flaky
+    reason="FSDP + TP, full configuration: intermittently a gradient of garbage (grad rel "
+    "6.6e+38 at layers.1.feed_forward.w1.weight in 1 of 2 runs; 2.5e-7 in the other): "
+    "reading a buffer before it is written (zoo/RESULTS-meshes.md)",
 )
 def test_fsdp_tp_2x2_gradients_match_eager() -> None:
     res = _row("fsdp_tp_2x2")
@@ -204,9 +202,8 @@ def test_fsdp_tp_2x2_buckets_only_the_fsdp_dim() -> None:
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="FSDP + TP: SaveAll saves 4 all-gather outputs and ap-tags finds 22 all-gather "
-    "chains for 17 parameters (tp-group all-gathers taken for FSDP chains; "
-    "zoo/RESULTS-meshes.md)",
+    reason="FSDP + TP: SaveAll saves 4 all-gather outputs and ap-tags reports 22 all-gather "
+    "chains for 17 parameters (which all-gathers: not yet identified; zoo/RESULTS-meshes.md)",
 )
 def test_fsdp_tp_2x2_saves_no_all_gather_output() -> None:
     res = _row("fsdp_tp_2x2")
