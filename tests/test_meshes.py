@@ -285,6 +285,7 @@ def test_collectives_are_counted_per_mesh_axis() -> None:
     (report,) = counting.reports
     assert report["before"]["tp"]["all_reduce"] == 1
     assert "tp" not in report["after"]
+    assert report["changes"] == {"tp": {"created": 0, "removed_read": 1, "removed_unused": 0}}
     assert counting.uuid() == "inner"
 
 

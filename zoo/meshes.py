@@ -304,11 +304,13 @@ def _group_of(node: torch.fx.Node, names: dict[str, str]) -> str | None:
     return found[0] if found else None
 
 
-def _by_group(graph: torch.fx.Graph, names: dict[str, str]) -> dict[str, dict[str, int]]:
-    """``{mesh axis: {kind: count}}`` of the functional collectives ``graph`` issues (a bucket
-    is one collective; torch's ``bucketing._pre_bucket_*`` copies are not collectives), waits
-    excluded; a group not on the mesh counts as ``other``."""
-    counts: dict[str, dict[str, int]] = {}
+def _collectives(
+    graph: torch.fx.Graph, names: dict[str, str]
+) -> list[tuple[torch.fx.Node, str, str]]:
+    """``(node, mesh axis, kind)`` of every functional collective ``graph`` issues (a bucket is
+    one collective; torch's ``bucketing._pre_bucket_*`` copies are not collectives), waits
+    excluded; a group not on the mesh is axis ``other``."""
+    found = []
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -316,12 +318,23 @@ def _by_group(graph: torch.fx.Graph, names: dict[str, str]) -> dict[str, dict[st
         if not target.startswith("_c10d_functional.") or "wait" in target:
             continue
         kind = next((k for k in _KINDS if k in target), None)
-        if kind is None:
-            continue
-        axis = _group_of(node, names) or "other"
+        if kind is not None:
+            found.append((node, _group_of(node, names) or "other", kind))
+    return found
+
+
+def _by_group(graph: torch.fx.Graph, names: dict[str, str]) -> dict[str, dict[str, int]]:
+    """``{mesh axis: {kind: count}}`` of :func:`_collectives`."""
+    counts: dict[str, dict[str, int]] = {}
+    for _, axis, kind in _collectives(graph, names):
         per = counts.setdefault(axis, dict.fromkeys(_KINDS, 0))
         per[kind] += 1
     return counts
+
+
+def _unused(node: torch.fx.Node) -> bool:
+    """A collective whose result nothing reads (its waits, if any, have no users)."""
+    return all(not user.users for user in node.users)
 
 
 class GroupCounting:
@@ -335,9 +348,28 @@ class GroupCounting:
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         before = _by_group(graph, self.names)
+        old = {
+            n.name: (axis, kind, _unused(n)) for n, axis, kind in _collectives(graph, self.names)
+        }
         self.inner(graph)
         after = _by_group(graph, self.names)
-        self.reports.append({"before": before, "after": after})
+        new = _collectives(graph, self.names)
+        # per axis: collectives the pass created (bucket merges), and the ones it removed,
+        # split into those whose result was read and those nothing read (dead code)
+        changes: dict[str, dict[str, int]] = {}
+        for n, axis, _ in new:
+            if n.name not in old:
+                changes.setdefault(axis, {"created": 0, "removed_read": 0, "removed_unused": 0})[
+                    "created"
+                ] += 1
+        kept = {n.name for n, _, _ in new}
+        for name, (axis, _, unused) in old.items():
+            if name not in kept:
+                per = changes.setdefault(
+                    axis, {"created": 0, "removed_read": 0, "removed_unused": 0}
+                )
+                per["removed_unused" if unused else "removed_read"] += 1
+        self.reports.append({"before": before, "after": after, "changes": changes})
 
     def uuid(self) -> Any:
         return self.inner.uuid()
