@@ -5,7 +5,8 @@ its own TP plan), eager against ``precompile`` + the full ``autoparallel_backend
 In the default run (2 gloo ranks, ~1 min): gradient accumulation (2 micro-batches per step,
 one compiled training graph) with a ``torch.no_grad()`` evaluation between the steps.
 
-Marked ``meshes`` (deselected by default; ``.ci/run`` runs ``uv run pytest -m meshes`` once):
+Marked ``meshes`` (deselected by default; ``uv run pytest -m meshes``; ``.ci/run`` runs the
+4-rank ones once, ``-m meshes -k 2x2``):
 bf16 mixed precision (2 ranks, judged against stock ``torch.compile``'s gap in the same run),
 HSDP on a (2, 2) mesh and FSDP + TP on a (2, 2) mesh (4 ranks each), and the README's
 multi-process (``torchrun``) section run verbatim.
