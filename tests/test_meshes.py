@@ -181,12 +181,6 @@ def test_fsdp_tp_2x2_gradients_match_eager() -> None:
 @pytest.mark.meshes
 @pytest.mark.multirank
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="FSDP + TP: the bucketing pass merges the tp group's backward collectives "
-    "(all-gather 4 -> 1, reduce-scatter 10 -> 7: 8 read collectives into 2 buckets) in either "
-    "bucket form, with or without overlap scheduling (zoo/RESULTS-meshes.md)",
-)
 def test_fsdp_tp_2x2_buckets_only_the_fsdp_dim() -> None:
     res = _row("fsdp_tp_2x2")
     axes = bucketed_axes(res)
