@@ -13,6 +13,7 @@ every builder makes, both recommended in ``/work/shared/reference/real_models.md
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,10 +56,15 @@ def _finish(
     bf16: bool = False,
     seq: int = SEQ,
     parallelize: Callable[[Any], None] | None = None,
+    configure: Callable[[Any], None] | None = None,
 ) -> ZooModel:
     """Build ``cfg`` (CPU attention, seed 0, torchtitan's own ``init_states``) as a zoo model;
-    ``parallelize(model)`` runs after the initialisation (same values on every rank)."""
+    ``configure(cfg)`` runs after the CPU attention is set and before the build (a sharding
+    config then reaches the inner attention too); ``parallelize(model)`` runs after the
+    initialisation (same values on every rank)."""
     _cpu_attention(cfg.layers, seq)
+    if configure is not None:
+        configure(cfg)
     torch.manual_seed(0)
     model = cfg.build()
     model.init_states()
@@ -94,9 +100,14 @@ def _ends(tt: Any, dim: int, vocab: int = VOCAB) -> dict[str, Any]:
     }
 
 
-def llama3(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
+def llama3(
+    steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ, tp_plan: bool = False
+) -> ZooModel:
     """Llama3 ``debugmodel`` shape (fused QKV, complex RoPE with llama scaling), 2 layers
-    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
+    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section). ``tp_plan``:
+    torchtitan's own Llama3 sharding config (``set_llama3_sharding_config``, no sequence
+    parallelism) is set on the config, so ``model.parallelize(parallel_dims)`` applies its
+    tensor-parallel plan (``zoo.meshes``); without a TP mesh it changes nothing."""
     import torchtitan.models.llama3 as tt
     from torchtitan.models.common import ComplexRoPE, compute_ffn_hidden_dim
 
@@ -117,12 +128,18 @@ def llama3(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> Z
             attn_backend="flex",
         ),
     )
+    configure: Callable[[Any], None] | None = None
+    if tp_plan:
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        configure = functools.partial(set_llama3_sharding_config, enable_sp=False)
     return _finish(
         "tt_llama3",
         f"debugmodel shape: dim {dim}, 4 heads, {n_layers} layers, vocab {VOCAB}",
         cfg,
         steps,
         seq=seq,
+        configure=configure,
     )
 
 

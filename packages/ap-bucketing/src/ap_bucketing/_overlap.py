@@ -30,7 +30,7 @@ from ._checks import require_bool, require_instance, require_node
 from ._config import BucketingConfig, resolve_config
 from ._metrics import max_consec_compute_between_rs
 from ._out_writes import out_write_edges, restore_out_write_order
-from ._patching import patched
+from ._patching import only_groups, patched
 from ._replicate import bucket_gradient_all_reduces, fsdp_groups_for
 from ._rollback import checkpoint, restore, unsortable_nodes
 from ._sizes import collective_bytes, hint_int
@@ -209,11 +209,14 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             pre_bucket = _compat.pre_bucket_fsdp_collectives()
             if kwargs.pop("pre_bucketing_fsdp_collectives"):
                 fsdp_groups = fsdp_groups_for(gm, self.config)  # before merging changes counts
-                pre_bucket(
-                    gm,
-                    bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
-                    mode=kwargs["bucket_mode"],
-                )
+                # torch identifies the FSDP groups, then buckets every FSDP-shaped all-gather
+                # and reduce-scatter of the graph: keep another mesh dim's (TP) out of it
+                with only_groups(fsdp_groups):
+                    pre_bucket(
+                        gm,
+                        bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
+                        mode=kwargs["bucket_mode"],
+                    )
                 # torch buckets all-reduces of the FSDP groups only: HSDP's replicate group
                 replicate_merged = bucket_gradient_all_reduces(gm, fsdp_groups, self.config)
             # both reorderings below see data edges only; a "custom_ops" bucket's members are

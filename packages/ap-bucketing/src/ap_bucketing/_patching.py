@@ -25,9 +25,10 @@ thread also affects compiles running in other threads for its duration.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,6 +54,37 @@ _originals: dict[str, Any] = {}
 _applied = False  # the replacements and the tag below are in torch
 _tag_base: str | None = None  # cache_key_tag before this package extended it
 _tag_applied: str | None = None  # cache_key_tag as this package set it
+
+
+#: While set (``only_groups``), the patched greedy bucketer considers only collectives of these
+#: process groups: torch's FSDP pre-bucketing identifies the FSDP groups but then buckets every
+#: FSDP-*shaped* all-gather / reduce-scatter of the graph, whatever its group (a TP group's
+#: all-gathers of parameter shards and reduce-scatters of gradients included).
+_only_groups: contextvars.ContextVar[frozenset[Hashable] | None] = contextvars.ContextVar(
+    "ap_bucketing_only_groups", default=None
+)
+
+
+@contextlib.contextmanager
+def only_groups(groups: Collection[Hashable]) -> Iterator[None]:
+    """Within the block, the patched greedy bucketer buckets collectives of ``groups`` only."""
+    token = _only_groups.set(frozenset(groups))
+    try:
+        yield
+    finally:
+        _only_groups.reset(token)
+
+
+def _restricted(filter_node: Callable[[fx.Node], bool]) -> Callable[[fx.Node], bool]:
+    groups = _only_groups.get()
+    if groups is None:
+        return filter_node
+    _, group_name, _ = _compat.fsdp_all_gather_helpers()
+
+    def in_groups(node: fx.Node) -> bool:
+        return bool(filter_node(node)) and group_name(node) in groups
+
+    return in_groups
 
 
 def current_config() -> BucketingConfig | None:
@@ -89,7 +121,12 @@ def _patched_greedy_bucket_collective_by_mb(
             gm, bucket_cap_mb_by_bucket_idx, filter_node, node_group_key, filter_wait_node
         )
     return bucket_collectives(
-        gm, bucket_cap_mb_by_bucket_idx, filter_node, node_group_key, filter_wait_node, config=cfg
+        gm,
+        bucket_cap_mb_by_bucket_idx,
+        _restricted(filter_node),
+        node_group_key,
+        filter_wait_node,
+        config=cfg,
     )
 
 

@@ -1,0 +1,342 @@
+"""The meshes and loops users train with (``zoo.meshes``, issue #23 item 2), at real ranks:
+torchtitan's Llama3 debug model on torchtitan's ``ParallelDims`` + ``apply_simple_fsdp`` (and
+its own TP plan), eager against ``precompile`` + the full ``autoparallel_backend``.
+
+In the default run (2 gloo ranks, ~1 min): gradient accumulation (2 micro-batches per step,
+one compiled training graph) with a ``torch.no_grad()`` evaluation between the steps.
+
+Marked ``meshes`` (deselected by default; ``uv run pytest -m meshes``; ``.ci/run`` runs the
+4-rank ones once, ``-m meshes -k 2x2``):
+bf16 mixed precision (2 ranks, judged against stock ``torch.compile``'s gap in the same run),
+HSDP on a (2, 2) mesh and FSDP + TP on a (2, 2) mesh (4 ranks each), and the README's
+multi-process (``torchrun``) section run verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torchtitan.experiments.graph_trainer.simple_fsdp")
+
+from zoo.meshes import (  # noqa: E402
+    BF16_MULTIPLIER,
+    GRAD_RTOL,
+    LOSS_RTOL,
+    ROWS,
+    RowResult,
+    bucketed_axes,
+    evaluate,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_rows: dict[str, RowResult] = {}
+
+
+def _row(name: str) -> RowResult:
+    """Each row runs once per test process (its tests share it), as ``python -m zoo.meshes``
+    from the repository root: the spawned ranks import ``zoo`` from there (under pytest's
+    importlib mode a spawned child could not)."""
+    if name not in _rows:
+        with tempfile.TemporaryDirectory(prefix="zoo-meshes-") as tmp:
+            out = Path(tmp) / "rows.json"
+            proc = subprocess.run(
+                [sys.executable, "-m", "zoo.meshes", "--rows", name, "--json", str(out)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
+            if not out.exists():
+                pytest.fail(f"zoo.meshes {name}: rc {proc.returncode}\n{proc.stderr[-4000:]}")
+            (record,) = json.loads(out.read_text())
+        _rows[name] = RowResult(**record)
+    return _rows[name]
+
+
+def _fp32_numerics(res: RowResult) -> None:
+    assert res.loss_rel <= LOSS_RTOL, (res.loss_rel, res.to_dict())
+    assert res.grad_rel <= GRAD_RTOL, (res.grad_rel, res.grad_worst)
+
+
+def _structure(res: RowResult) -> None:
+    assert res.fallbacks == 0
+    assert res.graph_breaks == 0
+    assert res.all_gather_saved == 0
+    assert res.fsdp_chains >= res.n_params > 0  # every SimpleFSDP parameter tagged
+
+
+# ----------------------------------------------------------------------------------------------
+# default run: gradient accumulation + no_grad evaluation, 2 ranks
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_accumulation_and_no_grad_eval_match_eager() -> None:
+    res = _row("accum_eval")
+    assert (res.micro, res.steps, res.eval) == (2, 2, True)
+    _fp32_numerics(res)
+    _structure(res)
+    assert evaluate(res) == [], evaluate(res)
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_accumulation_compiles_one_training_graph_and_one_eval_graph() -> None:
+    """Four micro-batch calls and an evaluation: the backend compiles the training graph once
+    (no recompile per micro-batch or after the evaluation) and the no_grad graph once."""
+    res = _row("accum_eval")
+    assert res.graphs == 2, res.graphs
+    # the FSDP collectives of the training graph (forward + backward) and the evaluation graph
+    fsdp = bucketed_axes(res)["fsdp"]
+    before, after = fsdp["reduce_scatter"]
+    assert before == res.n_params and after < before
+    assert fsdp["all_gather"][1] < fsdp["all_gather"][0]
+    assert set(bucketed_axes(res)) == {"fsdp"}
+    assert ROWS["accum_eval"].world == res.ranks == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# marked: bf16 mixed precision, HSDP 2x2, FSDP + TP 2x2, torchrun
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_bf16_mixed_precision_grads_within_twice_stock_gap() -> None:
+    res = _row("bf16")
+    assert res.bf16 and res.stock_loss_rel is not None and res.stock_grad_rel is not None
+    _structure(res)
+    assert res.stock_graph_breaks == 0
+    assert res.grad_rel <= BF16_MULTIPLIER * max(res.stock_grad_rel, GRAD_RTOL), res.to_dict()
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="bf16 loss gap 1.8e-4 vs stock's 3.6e-5..5.0e-5 (3.6-5x): SaveAll's forward "
+    "partition changes Inductor's fusion boundaries and Inductor keeps bf16 intermediates "
+    "unrounded inside a fusion (emulate_precision_casts=False, its default); the same backend "
+    "with partitioner='min_cut' equals stock to the bit, with emulate_precision_casts=True "
+    "it is 2e-7 from eager (zoo/RESULTS-meshes.md)",
+)
+def test_bf16_mixed_precision_loss_within_twice_stock_gap() -> None:
+    res = _row("bf16")
+    assert res.stock_loss_rel is not None
+    assert res.loss_rel <= BF16_MULTIPLIER * max(res.stock_loss_rel, LOSS_RTOL), res.to_dict()
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_hsdp_2x2_matches_eager() -> None:
+    res = _row("hsdp_2x2")
+    assert res.ranks == 4 and res.mesh == "dp_replicate 2 x fsdp 2"
+    _fp32_numerics(res)
+    _structure(res)
+    axes = bucketed_axes(res)
+    rs_before, rs_after = axes["fsdp"]["reduce_scatter"]
+    assert rs_before == res.n_params and rs_after < rs_before
+    assert evaluate(res) == [], evaluate(res)
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_fsdp_tp_2x2_eager_mesh_is_the_unsharded_model() -> None:
+    """The TP plan and SimpleFSDP are applied right: the eager mesh's first loss is the
+    unparallelised model's, and the compiled run has no graph break or fallback."""
+    res = _row("fsdp_tp_2x2")
+    assert res.ranks == 4 and res.mesh == "fsdp 2 x tp 2"
+    assert res.mesh_vs_unsharded <= LOSS_RTOL
+    assert res.loss_rel <= LOSS_RTOL
+    assert res.fallbacks == 0 and res.graph_breaks == 0
+    assert "tp" in bucketed_axes(res) and "other" not in bucketed_axes(res)
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_fsdp_tp_2x2_gradients_match_eager() -> None:
+    """Garbage gradients (1e+38) in 3 of 4 runs while ap-bucketing merged the tp group's
+    collectives (custom_ops buckets + overlap scheduling); 0 of 3 since it buckets the fsdp
+    group only (zoo/RESULTS-meshes.md)."""
+    res = _row("fsdp_tp_2x2")
+    assert res.grad_rel <= GRAD_RTOL, (res.grad_rel, res.grad_worst)
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_fsdp_tp_2x2_buckets_only_the_fsdp_dim() -> None:
+    res = _row("fsdp_tp_2x2")
+    axes = bucketed_axes(res)
+    rs_before, rs_after = axes["fsdp"]["reduce_scatter"]
+    assert rs_before == res.n_params and rs_after < rs_before
+    tp: dict[str, Any] = axes["tp"]
+    assert any(before for before, _ in tp.values())  # TP issues collectives of its own
+    for kind, (before, after) in tp.items():
+        assert before == after, (kind, before, after)  # ... which bucketing leaves alone
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="FSDP + TP: SaveAll saves 4 all-gather outputs and ap-tags reports 22 all-gather "
+    "chains for 17 parameters (which all-gathers: not yet identified; zoo/RESULTS-meshes.md)",
+)
+def test_fsdp_tp_2x2_saves_no_all_gather_output() -> None:
+    res = _row("fsdp_tp_2x2")
+    assert res.all_gather_saved == 0
+
+
+def _readme_torchrun_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Multi-process (torchrun)", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return [ln for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+@pytest.mark.meshes
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_readme_torchrun_section_runs_verbatim() -> None:
+    commands = _readme_torchrun_commands()
+    assert any("-m zoo.torchrun demo" in c for c in commands)
+    assert any("-m zoo.torchrun zoo" in c for c in commands)
+    for command in commands:
+        assert command.startswith("uv run torchrun --standalone --nproc-per-node 2 "), command
+        proc = subprocess.run(
+            ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=900
+        )
+        out = proc.stdout
+        assert proc.returncode == 0, (command, out[-3000:], proc.stderr[-3000:])
+        assert "launched by torchrun" in out, out
+        if "zoo.torchrun demo" in command:
+            assert re.search(r"max grad rel diff.*\| \d", out), out
+        else:
+            assert re.search(r"\| full \| .* \| ok \|", out), out
+
+
+# ----------------------------------------------------------------------------------------------
+# the per-group collective count and the verdict, without ranks (default run, < 1 s)
+
+
+def _collective_graph() -> Any:
+    """fsdp all-gather + reduce-scatter, a tp all-reduce, an all-reduce on no mesh group."""
+    import torch
+    import torch.fx as fx
+
+    c10d = torch.ops._c10d_functional
+    g = fx.Graph()
+    x = g.placeholder("x")
+    ag = g.call_function(c10d.all_gather_into_tensor.default, (x, 2, "7"))
+    rs = g.call_function(c10d.reduce_scatter_tensor.default, (x, "sum", 2, "7"))
+    ar = g.call_function(c10d.all_reduce.default, (x, "sum", "9"))
+    other = g.call_function(c10d.all_reduce.default, (x, "sum", "42"))
+    waits = [g.call_function(c10d.wait_tensor.default, (n,)) for n in (ag, rs, ar, other)]
+    g.output(tuple(waits))
+    return g
+
+
+def test_collectives_are_counted_per_mesh_axis() -> None:
+    from zoo.meshes import GroupCounting, _by_group
+
+    counts = _by_group(_collective_graph(), {"7": "fsdp", "9": "tp"})
+    assert counts == {
+        "fsdp": {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 0},
+        "tp": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 1},
+        "other": {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 1},
+    }
+
+    class Inner:
+        def __call__(self, graph: Any) -> None:  # "buckets" the tp all-reduce away
+            (tp,) = [n for n in graph.nodes if n.args[-1:] == ("9",)]
+            (wait,) = tp.users
+            wait.replace_all_uses_with(tp.args[0])
+            graph.erase_node(wait)
+            graph.erase_node(tp)
+
+        def uuid(self) -> str:
+            return "inner"
+
+    counting = GroupCounting(Inner(), {"7": "fsdp", "9": "tp"})
+    counting(_collective_graph())
+    (report,) = counting.reports
+    assert report["before"]["tp"]["all_reduce"] == 1
+    assert "tp" not in report["after"]
+    assert report["changes"] == {"tp": {"created": 0, "removed_read": 1, "removed_unused": 0}}
+    assert counting.uuid() == "inner"
+
+
+def _result(**changes: Any) -> RowResult:
+    base: dict[str, Any] = dict(
+        row="fsdp_tp_2x2",
+        mesh="fsdp 2 x tp 2",
+        ranks=4,
+        config="full",
+        micro=1,
+        steps=1,
+        eval=False,
+        bf16=False,
+        loss_rel=1e-7,
+        grad_rel=1e-6,
+        grad_worst="",
+        mesh_vs_unsharded=1e-7,
+        stock_loss_rel=None,
+        stock_grad_rel=None,
+        graph_breaks=0,
+        stock_graph_breaks=None,
+        graphs=1,
+        fallbacks=0,
+        all_gather_saved=0,
+        fsdp_chains=17,
+        n_params=17,
+        collectives=[
+            {
+                "before": {"fsdp": {"reduce_scatter": 17}, "tp": {"all_reduce": 8}},
+                "after": {"fsdp": {"reduce_scatter": 1}, "tp": {"all_reduce": 8}},
+            }
+        ],
+        seconds={},
+    )
+    base.update(changes)
+    return RowResult(**base)
+
+
+def test_verdict_flags_each_broken_property() -> None:
+    assert evaluate(_result()) == []
+    merged_tp = [
+        {
+            "before": {"fsdp": {"reduce_scatter": 17}, "tp": {"all_reduce": 8}},
+            "after": {"fsdp": {"reduce_scatter": 1}, "tp": {"all_reduce": 2}},
+        }
+    ]
+    assert evaluate(_result(collectives=merged_tp)) == ["tp all_reduce changed 8 -> 2"]
+    unbucketed = [
+        {"before": {"fsdp": {"reduce_scatter": 17}}, "after": {"fsdp": {"reduce_scatter": 17}}}
+    ]
+    assert evaluate(_result(collectives=unbucketed)) == ["fsdp reduce-scatters not bucketed"]
+    assert evaluate(_result(grad_rel=2e-4)) == ["grads"]
+    assert evaluate(_result(loss_rel=2e-5)) == ["loss"]
+    assert evaluate(_result(mesh_vs_unsharded=1e-3)) == ["eager mesh loss != unsharded model's"]
+    assert evaluate(_result(fallbacks=1)) == ["fallbacks"]
+    assert evaluate(_result(graph_breaks=1)) == ["graph breaks"]
+    assert evaluate(_result(graphs=2)) == ["2 graphs (expected 1)"]
+    bf16 = dict(row="bf16", bf16=True, stock_loss_rel=5e-5, stock_grad_rel=1e-2)
+    assert evaluate(_result(**bf16, loss_rel=9e-5, grad_rel=1.9e-2)) == []
+    assert evaluate(_result(**bf16, loss_rel=1.8e-4, grad_rel=1e-2)) == [
+        "loss beyond 2x stock's gap"
+    ]
