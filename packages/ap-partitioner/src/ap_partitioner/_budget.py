@@ -115,35 +115,48 @@ def _val(arg: object) -> object:
     return arg
 
 
-def _tensor_bytes(value: object) -> int:
+def _value_bytes(value: object) -> int:
+    """Bytes of a tensor value (hinted sizes), or of every tensor in a list/tuple of them."""
     if isinstance(value, torch.Tensor):
-        return int(value.numel()) * value.element_size()
+        numel = 1
+        for s in value.shape:
+            numel *= size_hint(s) or 0
+        return numel * value.element_size()
     if isinstance(value, list | tuple):
-        return sum(_tensor_bytes(v) for v in value)
+        return sum(_value_bytes(v) for v in value)
+    return 0
+
+
+def _arg_bytes(arg: object) -> int:
+    if isinstance(arg, fx.Node):
+        return _value_bytes(arg.meta.get("val"))
+    if isinstance(arg, list | tuple):
+        return sum(_arg_bytes(a) for a in arg)
     return 0
 
 
 def node_cost(node: fx.Node) -> tuple[int, int]:
     """``(flops, bytes_moved)`` of running ``node`` once: a FLOP formula's count for the ops
     ``torch.utils.flop_counter`` knows (then no bytes), else the bytes of its tensor inputs and
-    outputs. Views and getitems move nothing."""
+    outputs. Views and getitems move nothing. Only ops with a formula build (meta) tensors."""
     if node.op != "call_function":
         return 0, 0
     op = op_overload(node)
     if op is None:
         return 0, 0
     formula = _compat.flop_formula(op)
-    args = tuple(_val(a) for a in node.args)
-    out = _val(node)
     if formula is not None:
         try:
-            kwargs = {k: _val(v) for k, v in node.kwargs.items()}
-            return int(formula(*args, out_val=out, **kwargs)), 0
+            with _compat.no_fake_mode():
+                args = tuple(_val(a) for a in node.args)
+                kwargs = {k: _val(v) for k, v in node.kwargs.items()}
+                return int(formula(*args, out_val=_val(node), **kwargs)), 0
         except Exception:  # a formula that cannot read these args: fall back to bytes
             log.debug("fit_to_budget: no FLOP count for %s", node.name, exc_info=True)
     if op.is_view or op is torch.ops.aten.detach.default:
         return 0, 0
-    return 0, _tensor_bytes(args) + _tensor_bytes(out)
+    moved = sum(_arg_bytes(a) for a in node.args) + sum(_arg_bytes(v) for v in node.kwargs.values())
+    return 0, moved + _value_bytes(node.meta.get("val"))
 
 
 def is_unsafe_to_recompute(node: fx.Node) -> bool:

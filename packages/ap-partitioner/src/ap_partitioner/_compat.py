@@ -209,6 +209,12 @@ def _dropout_statically_zero(node: fx.Node) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
 
 
+def no_fake_mode() -> Any:
+    """A context without the active fake mode (``unset_fake_temporarily``): the budget's FLOP
+    formulas build plain meta tensors, which inside a compile would otherwise be fakified."""
+    return SUPPORT.attr("torch._subclasses.fake_tensor", "unset_fake_temporarily")()
+
+
 def flop_formula(op: Any) -> Any | None:
     """``torch.utils.flop_counter``'s FLOP formula for ``op``'s packet (called with the op's
     arguments and ``out_val=``; tensors are read for their shapes), or None for an op it does
