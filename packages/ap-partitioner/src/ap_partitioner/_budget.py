@@ -31,6 +31,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import ap_tags
 import torch
 import torch.fx as fx
 from ap_tags.counting import count_saved_values
@@ -218,12 +219,6 @@ def _group_closure(group: list[fx.Node], available: set[fx.Node]) -> list[fx.Nod
     return list(closure)
 
 
-def _module_fqn(node: fx.Node) -> str | None:
-    custom = node.meta.get("custom")
-    fqn = custom.get("module_fqn") if isinstance(custom, dict) else None
-    return fqn if isinstance(fqn, str) else None
-
-
 def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx.Node, int]]:
     """Every drop down to the floor, best score first: ``(record, storage, saved bytes after)``.
 
@@ -269,7 +264,7 @@ def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx
         current -= freed
         flops = sum(costs[n][0] for n in fresh)
         moved = sum(costs[n][1] for n in fresh)
-        record = DroppedSave(base.name, _module_fqn(base), freed, flops, moved, len(fresh))
+        record = DroppedSave(base.name, ap_tags.module_fqn(base), freed, flops, moved, len(fresh))
         out.append((record, base, current))
 
 
