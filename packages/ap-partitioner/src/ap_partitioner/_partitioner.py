@@ -34,6 +34,7 @@ from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
 from ap_partitioner._dce import wait_tensor_dce
 from ap_partitioner._epilogue import run_epilogue
 from ap_partitioner._fallback_tags import release_unsatisfiable_recompute, sanitize_tags
+from ap_partitioner._narrow import narrow_widening_casts, narrowed_fields, narrowed_note
 from ap_partitioner._prologue import (
     Prologue,
     run_prologue,
@@ -226,9 +227,12 @@ class SaveAllPartitioner(_ReportingPartitioner):
             return fw, bw, {"partitioner": "default", "notes": (*notes, note)}
         replayed = ap_tags.replayed_saves(pro.module.graph)
         notes = (*notes, *replayed.notes())
-        plan, views = without_views_of_saved(
+        plan, narrowed = narrow_widening_casts(
             plan_saves([*info.required_fw_nodes, *info.unclaimed_nodes], replayed=replayed.values)
         )
+        if narrowed:
+            notes = (*notes, narrowed_note(narrowed))
+        plan, views = without_views_of_saved(plan)
         if views:
             notes = (
                 *notes,
@@ -249,7 +253,16 @@ class SaveAllPartitioner(_ReportingPartitioner):
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
             return self._fallback(working_copy(gm), call, reason, [], notes, cause=exc)
-        return fw, bw, {"notes": notes, "dropped_first_saves": replayed.dropped, **budget}
+        return (
+            fw,
+            bw,
+            {
+                "notes": notes,
+                "dropped_first_saves": replayed.dropped,
+                **narrowed_fields(narrowed),
+                **budget,
+            },
+        )
 
     @staticmethod
     def _missing_reason(joint: fx.GraphModule, missing: list[str]) -> str:

@@ -18,7 +18,11 @@ Rules, first match wins (``docs/architecture.md``, "Save rules"):
    are not acted on (see ``ap_tags._replay``).
 7. Anything else is recomputed in the backward if needed.
 
-After the rules, a saved value that is a view of another saved value is dropped and recomputed
+After the rules, a saved lossless widening cast (a bf16 value's fp32 upcast) is saved as its
+narrow source and recomputed in the backward where that costs nothing
+(:mod:`ap_partitioner._narrow`: Inductor would otherwise store the upcast from the unrounded
+fp32 sum and run the bf16 forward unrounded). Then a saved value that is a view of another
+saved value is dropped and recomputed
 in the backward from its saved base (:func:`without_views_of_saved`): two saved tensors sharing
 one storage break AOTAutograd's donated-buffer rule. The saved storages stay the same.
 
