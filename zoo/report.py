@@ -207,6 +207,13 @@ def render(
                 f"{', '.join(f'`{d}`' for d in dropped)} (first-partition saves the retraced "
                 "backward never reads; the replay is judged exact less these)"
             )
+        narrowed = sorted({d for rep in r.reports for d in rep.narrowed_first_saves})
+        if narrowed and r.config == "default":
+            lines.append(
+                f"* `{r.model}` / `{r.config}` replay saves {len(narrowed)} widening casts as "
+                f"their narrow source: {', '.join(f'`{d}`' for d in narrowed)} (the backward "
+                "recomputes the cast; judged exact with the source's storage in the cast's place)"
+            )
     lines += ["", "## Models", ""]
     lines += ["| model | library | configuration | parameters |", "|---|---|---|---|"]
     done: set[str] = set()

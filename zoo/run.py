@@ -137,6 +137,8 @@ class Report:
     fell_back: bool
     fallback_reason: str | None
     dropped_first_saves: list[str] = field(default_factory=list)
+    narrowed_first_saves: list[str] = field(default_factory=list)
+    narrowed_storages: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -355,6 +357,8 @@ def _report(rep: Any) -> Report:
         fell_back=bool(rep.fell_back),
         fallback_reason=rep.fallback_reason,
         dropped_first_saves=list(getattr(rep, "dropped_first_saves", ())),
+        narrowed_first_saves=list(getattr(rep, "narrowed_first_saves", ())),
+        narrowed_storages=list(getattr(rep, "narrowed_storages", ())),
     )
 
 
@@ -615,8 +619,15 @@ def evaluate(res: CaseResult) -> Verdict:
             # first-partition saves the replay reports the retraced backward never reads
             keys = sorted(k for s in res.saveall for k in s.storage_keys)
             dropped = {d for r in res.reports for d in r.dropped_first_saves}
-            expected = sorted(res.first.keys_without(dropped)) if dropped else None
+            # a lossless widening cast saved as its narrow source: the first partition's cast
+            # is not kept, the source's storage (when not saved anyway) is kept in its place
+            narrowed = {d for r in res.reports for d in r.narrowed_first_saves}
+            added = {d for r in res.reports for d in r.narrowed_storages}
+            expected = (
+                sorted(res.first.keys_without(dropped | narrowed)) if dropped | narrowed else None
+            )
             if expected is not None:
+                keys = sorted(k for s in res.saveall for k in s.keys_without(added))
                 exact = expected == keys
             else:
                 exact = (res.first.count, res.first.nbytes) == saved_pair and (
