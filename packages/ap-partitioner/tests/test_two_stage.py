@@ -10,7 +10,7 @@ group's data is garbage: these tests check structure only, never numbers.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,24 +116,11 @@ def _saved_activations(fw: fx.GraphModule, names: tuple[str, ...]) -> list[fx.No
     return [by_name[n] for n in names if by_name[n].op != "placeholder"]
 
 
-def narrowed_storages(first: FirstPartition, narrowed: Sequence[str]) -> list[fx.Node]:
-    """The first forward's storages an exact replay keeps: the first partition's, less the
-    widening casts the replay saved as their narrow source (``narrowed``: first-partition
-    names), plus those sources' storages."""
-    nodes = {n.name: n for n in first.fw.graph.nodes}
-    saved = activation_storages(saved_for_backward(first.fw, first.num_fwd_outputs))
-    kept = [n for n in saved if n.name not in narrowed]
-    for name in narrowed:
-        base = storage_base(nodes[name].args[0])
-        if base not in kept:
-            kept.append(base)
-    return kept
-
-
-def first_saved_classes(first: FirstPartition, narrowed: Sequence[str] = ()) -> list[str]:
+def first_saved_classes(first: FirstPartition) -> list[str]:
     classes = _canonical_classes(first.fw)
+    acts = _saved_activations(first.fw, first.report.saved_names)
     # by storage: SaveAll recomputes a view of a saved value from its saved base
-    return sorted({classes[n.name] for n in narrowed_storages(first, narrowed)})
+    return sorted({classes[storage_base(n).name] for n in acts})
 
 
 def replayed_classes(
@@ -213,17 +200,12 @@ def test_first_partition_saves_no_all_gather_outputs(first: FirstPartition) -> N
 def test_save_all_replays_the_first_saved_set(first: FirstPartition, run: Any, ac: bool) -> None:
     report, fw = run("save_all", ac)
     assert not report.fell_back
-    # the toy's bf16 linears return ``.float()`` of the bf16 matmul; the first partition
-    # saves that fp32 upcast where the SiLU reads it (w1, once per layer), the replay the
-    # bf16 matmul itself (ap_partitioner._narrow)
-    narrowed = report.narrowed_first_saves
-    assert len(narrowed) == 2 and len(report.narrowed_storages) == 2
-    expected = first_saved_classes(first, narrowed)
+    expected = first_saved_classes(first)
     got = replayed_classes(first, fw, report)
     # same values; a value saved more than once is the same storage (three views of one
     # normalized input feeding q, k and v), which the storage measure below counts once
     assert sorted(set(got)) == expected
-    first_storages = narrowed_storages(first, narrowed)
+    first_storages = activation_storages(saved_for_backward(first.fw, first.num_fwd_outputs))
     replayed = [n for n in fw.graph.nodes if n.name in report.saved_names]
     replay_storages = activation_storages(replayed)
     if not ac:  # AC may add stage-boundary saves; without it the storages are the same
