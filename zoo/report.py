@@ -210,8 +210,9 @@ def render(
         narrowed = sorted({d for rep in r.reports for d in rep.narrowed_first_saves})
         if narrowed and r.config == "default":
             lines.append(
-                f"* `{r.model}` / `{r.config}` replay saves {len(narrowed)} widening casts as "
-                f"their narrow source: {', '.join(f'`{d}`' for d in narrowed)} (the backward "
+                f"* `{r.model}` / `{r.config}` replay saves {len(narrowed)} widening "
+                f"cast{'s' if len(narrowed) > 1 else ''} as their narrow source: "
+                f"{', '.join(f'`{d}`' for d in narrowed)} (the backward "
                 "recomputes the cast; judged exact with the source's storage in the cast's place)"
             )
     lines += ["", "## Models", ""]
