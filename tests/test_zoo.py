@@ -383,3 +383,52 @@ def test_full_configuration_on_two_ranks_matches_eager(tmp_path: Path) -> None:
     if case["error"] is not None:
         pytest.fail(case["error"])
     assert case["loss_rel"] <= FP32_RTOL and case["grad_rel"] <= FP32_RTOL, case["grad_worst"]
+
+
+def test_a_narrowed_cast_is_judged_with_its_source_in_its_place() -> None:
+    """A replay that saved a widening cast's bf16 source (``PartitionReport.
+    narrowed_first_saves`` / ``narrowed_storages``, ap_partitioner._narrow) is exact when its
+    storages are the first partition's with the source's in the cast's place -- and only
+    then. Rank-free: hand-made measures."""
+    from zoo.run import Report, Saved
+
+    f32, bf16 = "torch.float32", "torch.bfloat16"
+    first = Saved(
+        count=2,
+        nbytes=8192 + 128,
+        all_gather=0,
+        storage_keys=[[f32, 128], [f32, 8192]],
+        producers=["rsqrt", "_to_copy_3"],
+        producer_keys=[[f32, 128], [f32, 8192]],
+    )
+
+    def case(saved_keys: list[tuple[str, str, int]], narrowed: list[str], added: list[str]) -> Any:
+        saveall = Saved(
+            count=len(saved_keys),
+            nbytes=sum(b for _, _, b in saved_keys),
+            all_gather=0,
+            storage_keys=sorted([d, b] for _, d, b in saved_keys),
+            producers=[p for p, _, _ in saved_keys],
+            producer_keys=[[d, b] for _, d, b in saved_keys],
+        )
+        report = Report(
+            saved_activation_count=saveall.count,
+            saved_activation_bytes=saveall.nbytes,
+            saved_all_gather_count=0,
+            fell_back=False,
+            fallback_reason=None,
+            narrowed_first_saves=narrowed,
+            narrowed_storages=added,
+        )
+        res = CaseResult(model="m", config="default", first=first, saveall=[saveall])
+        res.reports = [report]
+        return evaluate(res).replay_exact
+
+    narrow = [("rsqrt", f32, 128), ("add_1", bf16, 4096)]
+    assert case(narrow, ["_to_copy_3"], ["add_1"]) is True
+    assert case(narrow, [], []) is False  # unreported: the storages differ
+    # a narrowed source that adds no storage, yet one more storage saved: not exact
+    assert case(narrow, ["_to_copy_3"], []) is False
+    # the cast's storage still saved next to its source: not exact
+    extra = [*narrow, ("_to_copy_3", f32, 8192)]
+    assert case(extra, ["_to_copy_3"], ["add_1"]) is False
