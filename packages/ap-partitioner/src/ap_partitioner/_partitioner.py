@@ -27,7 +27,12 @@ from ap_tags.checks import require_bool, require_callable, require_graph_module,
 from ap_tags.scoped import paused_gc
 
 from ap_partitioner import _compat
-from ap_partitioner._budget import budget_fields, budget_notes, fit_to_budget
+from ap_partitioner._budget import (
+    budget_fields,
+    budget_notes,
+    check_activation_budget,
+    fit_to_budget,
+)
 from ap_partitioner._call_args import PartitionCall, check_call
 from ap_partitioner._compat import CustomPartitionerFn
 from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
@@ -173,9 +178,7 @@ class SaveAllPartitioner(_ReportingPartitioner):
         self.activation_budget_bytes = (
             None
             if activation_budget_bytes is None
-            else require_int(
-                activation_budget_bytes, where=owner, arg="activation_budget_bytes", minimum=0
-            )
+            else check_activation_budget(activation_budget_bytes, where=owner)
         )
 
     def uuid(self) -> str:
