@@ -82,7 +82,12 @@ OPTION_CONFIGS: dict[str, dict[str, Any]] = {
 }
 #: The save-all replay under an activation budget, as a fraction of the first partition's saved
 #: bytes (``autoparallel_backend(activation_budget_bytes=...)``, issue #25).
-BUDGET_CONFIGS: dict[str, float] = {"budget_half": 0.5, "budget_zero": 0.0}
+BUDGET_CONFIGS: dict[str, float] = {
+    "budget_zero": 0.0,
+    "budget_quarter": 0.25,
+    "budget_half": 0.5,
+    "budget_3q": 0.75,
+}
 CONFIGS: tuple[str, ...] = (
     "stock",
     *AP_CONFIGS,
