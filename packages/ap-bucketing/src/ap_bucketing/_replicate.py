@@ -13,8 +13,18 @@ wait flows to the graph's outputs through single-input ops only (torch's
 through ``bucket_collectives`` under the same config (key-grouped by torch's ``_ar_group_key``,
 byte and topo-span bounded, never a member that depends on another) and torch's
 ``merge_all_reduce_bucket``. Other all-reduces on those groups (an activation's, a loss's)
-are never touched. The cap is ``config.bucket_cap_mb``, else 500 MiB: torch's own cap when it
-knows no group size, and an all-reduce names none.
+are never touched.
+
+Which all-reduces are gradients is decided on the graph *before* torch's FSDP pre-bucketing
+(:func:`gradient_all_reduce_waits`). A collective has one tensor input, so a reduce-scatter on
+the way to the output is a single-input op like a view. After pre-bucketing it is not:
+SimpleFSDP's HSDP (torchtitan's ``hybrid_shard``) all-reduces the *unsharded* gradient on the
+replicate group and then reduce-scatters it on the shard group, and the pre-bucketing packs
+every such wait into one reduce-scatter bucket (a many-input copy), so judged afterwards none
+of them looked like a gradient (torchtitan Llama3, (2, 2) mesh: all-reduce 17 -> 17).
+
+The cap is ``config.bucket_cap_mb``, else 500 MiB: torch's own cap when it knows no group
+size, and an all-reduce names none.
 """
 
 from __future__ import annotations
@@ -43,30 +53,49 @@ def fsdp_groups_for(gm: fx.GraphModule, config: BucketingConfig) -> set[Hashable
     return set(groups[0])
 
 
-def bucket_gradient_all_reduces(
-    gm: fx.GraphModule, fsdp_groups: set[Hashable], config: BucketingConfig
-) -> int:
-    """Bucket and merge the gradient all-reduces of ``gm`` whose group is not in
-    ``fsdp_groups``; returns how many all-reduces were merged away (0: graph untouched)."""
-    is_all_reduce, group_key, merge = _compat.all_reduce_bucketing()
+def _other_group_all_reduces(gm: fx.GraphModule, fsdp_groups: set[Hashable]) -> list[fx.Node]:
     _, get_group_name, _ = _compat.fsdp_all_gather_helpers()
-    is_gradient_wait = _compat.fsdp_reduce_scatter_wait_predicate()
     (all_reduce,) = _compat.c10d_ops("all_reduce")
-    others = [
+    return [
         n
         for n in gm.graph.find_nodes(op="call_function", target=all_reduce)
         if get_group_name(n) not in fsdp_groups
     ]
-    if len(others) < 2:
+
+
+def gradient_all_reduce_waits(gm: fx.GraphModule, fsdp_groups: set[Hashable]) -> set[fx.Node]:
+    """The waits of ``gm``'s all-reduces outside ``fsdp_groups`` that are gradients: their
+    result flows to the graph's outputs through single-input ops only (collectives included).
+    Call it before FSDP pre-bucketing: see the module doc."""
+    is_gradient_wait = _compat.fsdp_reduce_scatter_wait_predicate()
+    return {
+        wait
+        for node in _other_group_all_reduces(gm, fsdp_groups)
+        for wait in node.users
+        if wait.op == "call_function" and bool(is_gradient_wait(wait))
+    }
+
+
+def bucket_gradient_all_reduces(
+    gm: fx.GraphModule,
+    fsdp_groups: set[Hashable],
+    config: BucketingConfig,
+    gradient_waits: set[fx.Node] | None = None,
+) -> int:
+    """Bucket and merge the gradient all-reduces of ``gm`` whose group is not in
+    ``fsdp_groups``; returns how many all-reduces were merged away (0: graph untouched).
+    ``gradient_waits``: :func:`gradient_all_reduce_waits` as read before FSDP pre-bucketing
+    (default: read now)."""
+    is_all_reduce, group_key, merge = _compat.all_reduce_bucketing()
+    if gradient_waits is None:
+        gradient_waits = gradient_all_reduce_waits(gm, fsdp_groups)
+    others = _other_group_all_reduces(gm, fsdp_groups)
+    if len(others) < 2 or len(gradient_waits) < 2:
         return 0
+    chosen = gradient_waits
 
     def is_replicate_gradient_wait(wait: fx.Node) -> bool:
-        coll = wait.args[0]
-        return (
-            isinstance(coll, fx.Node)
-            and get_group_name(coll) not in fsdp_groups
-            and bool(is_gradient_wait(wait))
-        )
+        return wait in chosen
 
     cap = config.bucket_cap_mb if config.bucket_cap_mb is not None else FALLBACK_CAP_MB
     buckets = bucket_collectives(
