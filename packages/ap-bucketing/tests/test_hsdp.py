@@ -109,3 +109,44 @@ def test_all_groups_mode_leaves_the_replicate_group_to_torch(groups: tuple[str, 
     gm.graph.lint()
     assert bucketing_pass.reports[-1]["replicate_all_reduces_merged"] == 0
     assert bucketing_pass.reports[-1]["collectives"]["all_reduce"] == (LAYERS, 1)
+
+
+def _fsdp_tp_backward_graph(shard: str, tp: str, dim: int = 16) -> fx.GraphModule:
+    """FSDP + TP's backward in SimpleFSDP's order: every weight gradient is reduce-scattered on
+    ``shard``; the two *replicated* (norm) weights' gradients are first all-reduced on ``tp``
+    (partial over the tp dim). Those all-reduces reach the output through single-input ops as
+    a replicate group's would, but ``tp`` reduces 2 gradients of ``LAYERS + 2``."""
+    from ap_testing.collectives import GraphBuilder
+    from ap_testing.graphs import fakeify
+
+    b = GraphBuilder(dtype=torch.float32)
+    grad = b.placeholder((dim, dim))
+    outputs: list[fx.Node] = []
+    for _ in range(LAYERS):
+        _, weight = b.all_gather(b.placeholder((dim, dim)), group=shard, group_size=1)
+        grad_w = b.mm(grad, weight)
+        outputs.append(b.reduce_scatter(grad_w, group=shard, group_size=1)[1])
+    for _ in range(2):
+        grad_n = b.mm(grad, b.placeholder((dim, dim)))
+        _, full = b.all_reduce(grad_n, group=tp)
+        outputs.append(b.reduce_scatter(full, group=shard, group_size=1)[1])
+    gm = b.module(outputs)
+    fakeify(gm)
+    return gm
+
+
+def test_a_tensor_parallel_groups_gradient_all_reduces_are_left_alone(
+    groups: tuple[str, ...],
+) -> None:
+    """The pass buckets the data-parallel dims only: a group that reduces fewer gradients than
+    the FSDP groups reduce-scatter is model-parallel (FSDP + TP: torchtitan Llama3's norm
+    weights, tp all-reduce 14 -> 10 when judged by structure alone)."""
+    shard, tp = groups
+    gm = _fsdp_tp_backward_graph(shard, tp)
+    config = BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0)
+    bucketing_pass = OverlapBucketingPass(config, cpu=True, reorder=False)
+    bucketing_pass(gm.graph)
+    gm.graph.lint()
+    assert bucketing_pass.reports[-1]["replicate_all_reduces_merged"] == 0
+    assert len(_all_reduces(gm, tp)) == 2
+    assert bucketing_pass.reports[-1]["collectives"]["reduce_scatter"] == (LAYERS + 2, 1)
