@@ -111,7 +111,10 @@ class ReplayedSaves:
             return found
         why = zip(self.dropped, self.dropped_why or ("",) * len(self.dropped), strict=True)
         dropped = "; ".join(f"{name} ({reason})" if reason else name for name, reason in why)
-        return (*found, f"{len(self.dropped)} first-partition saves the replay does not keep: {dropped}")
+        return (
+            *found,
+            f"{len(self.dropped)} first-partition saves the replay does not keep: {dropped}",
+        )
 
 
 def _names(names: tuple[str, ...], limit: int = 8) -> str:

@@ -67,7 +67,7 @@ def _sources(
         source = interpreted_source(node)
         graph_id = getattr(source, "graph_id", None)
         if isinstance(graph_id, int):
-            found.setdefault(graph_id, {})[node] = str(source.name)
+            found.setdefault(graph_id, {})[node] = str(getattr(source, "name", ""))
     return found
 
 
