@@ -200,12 +200,16 @@ def render(
                 if key not in seen:
                     seen.add(key)
                     lines.append(f"* `{r.model}` / `{r.config}` fallback: `{text}`")
-        dropped = sorted({d for rep in r.reports for d in rep.dropped_first_saves})
-        if dropped and r.config == "default":
+        why: dict[str, str] = {}
+        for rep in r.reports:
+            reasons = rep.dropped_first_saves_why or [""] * len(rep.dropped_first_saves)
+            for name, reason in zip(rep.dropped_first_saves, reasons, strict=True):
+                why.setdefault(name, reason)
+        if why and r.config == "default":
+            named = "; ".join(f"`{d}`" + (f" ({why[d]})" if why[d] else "") for d in sorted(why))
             lines.append(
-                f"* `{r.model}` / `{r.config}` replay saves fewer than the first partition: "
-                f"{', '.join(f'`{d}`' for d in dropped)} (first-partition saves the retraced "
-                "backward never reads; the replay is judged exact less these)"
+                f"* `{r.model}` / `{r.config}` replay saves fewer than the first partition "
+                f"(judged exact less these): {named}"
             )
     lines += ["", "## Models", ""]
     lines += ["| model | library | configuration | parameters |", "|---|---|---|---|"]

@@ -43,7 +43,11 @@ lists the first partition's saves (by their names there; ``parent[i]`` for a sav
 multi-output op) whose retraced values carry the save tag but none of which the backward reads
 -- e.g. ``nll_loss_forward``'s ``total_weight`` with ``reduction="sum"``, an argument the first
 backward took and never used. A first-partition save whose retrace computes nothing (a no-op
-view) has no node to report it and needs none: its storage is another saved value's.
+view) has no node to report it and needs none: its storage is another saved value's. Two cases
+provenance cannot name are read off the first forward graph itself (``_unread_saves``): a saved
+copy the retrace traces to no node at all, and a multi-output op's written-back outputs (batch
+norm's running statistics) whose retraced nodes name the op, not the output. ``dropped_why``
+says why each name is not kept.
 
 "Backward" is decided by AOTAutograd's marks (``meta["autograd_backward"]``, every node traced
 while autograd runs the backward) plus tangent reachability. A graph with no backward mark at
