@@ -85,7 +85,7 @@ class ReplayedSaves:
     whose retraced values the backward does not read -- the storages the replay saves fewer.
     ``kept``: first-partition names of the values the replay saves (provenance, see
     ``first_partition_name``); empty on graphs without provenance. ``dropped_why``: why each
-    of ``dropped`` is not kept (aligned with it).
+    of ``dropped`` is not kept (aligned with it; ``"<kind>: <detail>"``).
     """
 
     values: tuple[torch.fx.Node, ...]
@@ -200,7 +200,7 @@ def _kept(read: list[torch.fx.Node]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-_NOT_READ = "its retraced values carry the save tag; the retraced backward reads none of them"
+_NOT_READ = "not read: its retraced values carry the save tag; the retraced backward reads none"
 
 
 def _dropped(

@@ -49,7 +49,7 @@ _COPY_OPS = (aten.clone.default,)
 @dataclass(frozen=True)
 class NamedDrop:
     """One first-partition save (its report name: node, or ``parent[i]``) the replay does not
-    keep, and why."""
+    keep, and why (``"<kind>: <detail>"``)."""
 
     name: str
     why: str
@@ -151,9 +151,9 @@ def _unread_write_backs(
         for index, value in outputs:
             if value in saved:
                 why = (
-                    f"written back to {first.written_back[value]} (an input update the forward "
-                    "returns anyway); the retraced backward reads none of the op's written-back "
-                    "values"
+                    f"written back, never read: the forward returns it as "
+                    f"{first.written_back[value]} (an input's new value); the retraced backward "
+                    "reads none of the op's written-back values"
                 )
                 drops.append(NamedDrop(f"{parent.name}[{index}]", why))
     return drops
