@@ -91,7 +91,9 @@ def _attention_first(g: torch.fx.Graph) -> tuple[dict[str, torch.fx.Node], list[
     return {"a": a, "t": t, "clone": c, "v": v, "mm": mm}, [mm, a, v]
 
 
-def _attention_retrace(first: dict[str, torch.fx.Node], with_clone: bool) -> Retrace:
+def _attention_retrace(
+    first: dict[str, torch.fx.Node], with_clone: bool, backward_reads_a: bool = True
+) -> Retrace:
     r = Retrace()
     x = r.ph("primals_1")
     tangent = r.ph("tangents_1")
@@ -101,8 +103,8 @@ def _attention_retrace(first: dict[str, torch.fx.Node], with_clone: bool) -> Ret
         t = r.fwd(first["clone"], aten.clone.default, t)
     v = r.fwd(first["v"], aten.view.default, t, [32], tag=SAVED)
     mm = r.fwd(first["mm"], aten.sum.default, v)
-    back = r.bwd(aten.mul.Tensor, tangent, v)
-    back2 = r.bwd(aten.mul.Tensor, back, a)
+    back = r.bwd(aten.mul.Tensor, tangent, v if backward_reads_a else mm)
+    back2 = r.bwd(aten.mul.Tensor, back, a) if backward_reads_a else back
     r.g.output((mm, back2))
     return r
 
@@ -122,6 +124,14 @@ def test_a_saved_copy_the_retrace_still_computes_is_not_named() -> None:
     first = _first(_attention_first, user=1, saved=2)
     resolved = replayed_saves(_attention_retrace(first, with_clone=True).g)
     assert resolved.dropped == ()
+
+
+def test_a_copy_is_named_only_when_the_replay_keeps_its_source() -> None:
+    """No node from ``clone``, but the backward reads neither ``a`` nor a view of it: the
+    copy was not redundant with anything the replay keeps, so no reason holds -- unnamed."""
+    first = _first(_attention_first, user=1, saved=2)
+    retrace = _attention_retrace(first, with_clone=False, backward_reads_a=False)
+    assert "clone" not in replayed_saves(retrace.g).dropped
 
 
 def test_nothing_is_named_from_a_first_graph_never_registered() -> None:
