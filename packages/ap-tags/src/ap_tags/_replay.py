@@ -114,7 +114,8 @@ class ReplayedSaves:
         if not self.dropped:
             return found
         why = zip(self.dropped, self.dropped_why or ("",) * len(self.dropped), strict=True)
-        dropped = "; ".join(f"{name} ({reason})" if reason else name for name, reason in why)
+        each = [f"{name} ({reason})" if reason else name for name, reason in why]
+        dropped = "; ".join(each[:8]) + (f"; ... ({len(each) - 8} more)" if len(each) > 8 else "")
         return (
             *found,
             f"{len(self.dropped)} first-partition saves the replay does not keep: {dropped}",
