@@ -142,6 +142,8 @@ class Report:
     fell_back: bool
     fallback_reason: str | None
     dropped_first_saves: list[str] = field(default_factory=list)
+    # why each of dropped_first_saves is not kept (aligned; empty in older records)
+    dropped_first_saves_why: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -360,6 +362,7 @@ def _report(rep: Any) -> Report:
         fell_back=bool(rep.fell_back),
         fallback_reason=rep.fallback_reason,
         dropped_first_saves=list(getattr(rep, "dropped_first_saves", ())),
+        dropped_first_saves_why=list(getattr(rep, "dropped_first_saves_why", ())),
     )
 
 

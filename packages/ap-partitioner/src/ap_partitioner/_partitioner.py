@@ -252,7 +252,11 @@ class SaveAllPartitioner(_ReportingPartitioner):
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
             return self._fallback(working_copy(gm), call, reason, [], notes, cause=exc)
-        return fw, bw, {"notes": notes, "dropped_first_saves": replayed.dropped, **budget}
+        dropped = {
+            "dropped_first_saves": replayed.dropped,
+            "dropped_first_saves_why": replayed.dropped_why,
+        }
+        return fw, bw, {"notes": notes, **dropped, **budget}
 
     @staticmethod
     def _missing_reason(joint: fx.GraphModule, missing: list[str]) -> str:
