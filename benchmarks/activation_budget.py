@@ -14,8 +14,9 @@ produced, the same way for every policy:
 
 Policies: ours (``SaveAllPartitioner(activation_budget_bytes=B)`` for ``--points`` budgets from
 the floor to the replay's bytes); torch's min-cut with ``activation_memory_budget`` = the same
-fractions of its own saved bytes, for each solver torch ships that runs here (``dp``,
-``greedy``; ``ilp`` needs scipy); ap-tags' AC staging tags (``enable_ac=True``) at a few stage sizes, cut by torch's min-cut (the
+fractions of its own saved bytes, for each solver torch ships with a fraction to sweep
+(:data:`SOLVERS`; ``ilp`` needs scipy, in the dev group); ours again at each saved-bytes value
+a torch solver reached (the comparison at matched saved bytes, ``matched_table``); ap-tags' AC staging tags (``enable_ac=True``) at a few stage sizes, cut by torch's min-cut (the
 tags' ``PREFER_RECOMPUTE`` is what min-cut acts on; the replay only adds saves for them).
 Compiles run the forward and backward once (numerics are the tests' business,
 ``tests/test_activation_budget.py``). Prints a markdown table; ``--plot DIR`` writes
@@ -53,7 +54,9 @@ class Point:
     setting: str
     saved_bytes: int
     backward_flops: int
+    backward_bytes_moved: int = 0
     recompute_flops: int = 0
+    recompute_bytes_moved: int = 0
     compile_s: float = 0.0
 
 
@@ -64,11 +67,14 @@ class Measured(CustomPartitionerFn):  # type: ignore[misc]
         self.inner = inner
         self.saved_bytes = 0
         self.backward_flops = 0
+        self.backward_bytes_moved = 0
 
     def __call__(self, gm: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         fw, bw = self.inner(gm, joint_inputs, **kwargs)
         self.saved_bytes += count_saved(fw, int(kwargs["num_fwd_outputs"])).nbytes
-        self.backward_flops += sum(node_cost(n)[0] for n in bw.graph.nodes)
+        costs = [node_cost(n) for n in bw.graph.nodes]
+        self.backward_flops += sum(c[0] for c in costs)
+        self.backward_bytes_moved += sum(c[1] for c in costs)
         return fw, bw
 
     def uuid(self) -> str:
@@ -134,7 +140,15 @@ def _measure(
 ) -> Point:
     part = Measured(inner)
     seconds = _compile_once(pm, batch, part, **opts)
-    return Point(name, policy, setting, part.saved_bytes, part.backward_flops, compile_s=seconds)
+    return Point(
+        name,
+        policy,
+        setting,
+        part.saved_bytes,
+        part.backward_flops,
+        part.backward_bytes_moved,
+        compile_s=seconds,
+    )
 
 
 def _floor(pm: Any, batch: Sequence[Any]) -> int:
@@ -150,7 +164,27 @@ def _floor(pm: Any, batch: Sequence[Any]) -> int:
     return 0
 
 
-def sweep(name: str, build: Callable[[], Any], points: int) -> list[Point]:
+#: torch 2.15's knapsack solvers for ``activation_memory_budget`` (``_functorch.partitioners.
+#: _optimize_runtime_with_given_memory``); ``ilp`` needs scipy. ``dynamic_memory_budget_dp``
+#: (experimental) picks its own knee-point budget, so it has no fraction to sweep: not run.
+SOLVERS = ("dp", "greedy", "ilp", "dp_knapsack_sliding_hirschberg")
+
+
+def _ours(name: str, pm: Any, batch: Sequence[Any], policy: str, budget: int) -> Point:
+    return _measure(
+        name,
+        pm,
+        batch,
+        policy,
+        f"{budget:,} B",
+        ap_partitioner.SaveAllPartitioner(activation_budget_bytes=budget),
+    )
+
+
+def sweep(name: str, build: Callable[[], Any], points: int, matched: bool = True) -> list[Point]:
+    """Ours at ``points`` budgets from the floor to the replay; each torch solver at the same
+    fractions; the AC tags; and, with ``matched``, ours again at every saved-bytes value a
+    torch solver reached inside our range (the comparison at matched saved bytes)."""
     torch.manual_seed(0)
     module, batch = build()
     pm = ap_backend.precompile(module, batch)
@@ -159,18 +193,8 @@ def sweep(name: str, build: Callable[[], Any], points: int) -> list[Point]:
     out = [replay]
     fractions = [i / (points - 1) for i in range(points)]
     for f in fractions:
-        budget = int(floor + f * (replay.saved_bytes - floor))
-        out.append(
-            _measure(
-                name,
-                pm,
-                batch,
-                "ours",
-                f"{budget:,} B",
-                ap_partitioner.SaveAllPartitioner(activation_budget_bytes=budget),
-            )
-        )
-    solvers = ["dp", "greedy"] + (["ilp"] if _has_scipy() else [])
+        out.append(_ours(name, pm, batch, "ours", int(floor + f * (replay.saved_bytes - floor))))
+    solvers = [s for s in SOLVERS if s != "ilp" or _has_scipy()]
     for solver in solvers:
         for f in fractions:
             with _functorch(activation_memory_budget=f, activation_memory_budget_solver=solver):
@@ -184,6 +208,16 @@ def sweep(name: str, build: Callable[[], Any], points: int) -> list[Point]:
                         ap_partitioner.MinCutPartitioner(),
                     )
                 )
+    if matched:
+        reached = sorted(
+            {
+                p.saved_bytes
+                for p in out
+                if p.policy.startswith("torch ") and floor < p.saved_bytes < replay.saved_bytes
+            }
+        )
+        for budget in reached:
+            out.append(_ours(name, pm, batch, "ours @ torch's bytes", budget))
     for size in ("auto", 0.0001, 0.001):
         out.append(
             _measure(
@@ -199,26 +233,60 @@ def sweep(name: str, build: Callable[[], Any], points: int) -> list[Point]:
         )
     for p in out:
         p.recompute_flops = p.backward_flops - replay.backward_flops
+        p.recompute_bytes_moved = p.backward_bytes_moved - replay.backward_bytes_moved
     return out
 
 
+def matched_table(rows: list[Point]) -> str:
+    """Per torch point inside our range: torch's best solver there and ours at a budget of
+    exactly its saved bytes (so ours saves at most what torch saves)."""
+    lines = [
+        "| model | saved bytes (torch) | torch best: solver | MFLOPs | MB moved | "
+        "ours: saved bytes | MFLOPs | MB moved | ours <= torch (FLOPs) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    ours = {(p.model, p.setting): p for p in rows if p.policy == "ours @ torch's bytes"}
+    for (model, setting), mine in ours.items():
+        torch_at = [
+            p
+            for p in rows
+            if p.model == model
+            and p.policy.startswith("torch ")
+            and f"{p.saved_bytes:,} B" == setting
+        ]
+        best = min(torch_at, key=lambda p: (p.recompute_flops, p.recompute_bytes_moved))
+        solvers = "/".join(
+            p.policy.removeprefix("torch ")
+            for p in torch_at
+            if p.recompute_flops == best.recompute_flops
+        )
+        verdict = "yes" if mine.recompute_flops <= best.recompute_flops else "no"
+        lines.append(
+            f"| {model} | {best.saved_bytes:,} | {solvers} | {best.recompute_flops / 1e6:.2f} | "
+            f"{best.recompute_bytes_moved / 1e6:.3f} | {mine.saved_bytes:,} | "
+            f"{mine.recompute_flops / 1e6:.2f} | {mine.recompute_bytes_moved / 1e6:.3f} | "
+            f"{verdict} |"
+        )
+    return "\n".join(lines)
+
+
 def _has_scipy() -> bool:
-    try:
-        import scipy  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("scipy") is not None
 
 
 def table(rows: list[Point]) -> str:
     lines = [
-        "| model | policy | setting | saved bytes | recompute MFLOPs | compile s |",
-        "|---|---|---|---:|---:|---:|",
+        "| model | policy | setting | saved bytes | recompute MFLOPs | recompute MB moved | "
+        "compile s |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     for p in rows:
         lines.append(
             f"| {p.model} | {p.policy} | {p.setting} | {p.saved_bytes:,} | "
-            f"{p.recompute_flops / 1e6:.2f} | {p.compile_s:.1f} |"
+            f"{p.recompute_flops / 1e6:.2f} | {p.recompute_bytes_moved / 1e6:.3f} | "
+            f"{p.compile_s:.1f} |"
         )
     return "\n".join(lines)
 
@@ -258,13 +326,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="")
     parser.add_argument("--plot", default="")
     parser.add_argument("--json", default="")
+    parser.add_argument(
+        "--no-matched",
+        action="store_true",
+        help="skip ours at each torch point's saved bytes (the matched comparison)",
+    )
     args = parser.parse_args(argv)
     rows: list[Point] = []
     for name, build in _models(args.layers).items():
         if args.models and name not in args.models.split(","):
             continue
-        rows += sweep(name, build, args.points)
+        rows += sweep(name, build, args.points, matched=not args.no_matched)
         print(table([r for r in rows if r.model == name]), flush=True)
+        if not args.no_matched:
+            print(matched_table([r for r in rows if r.model == name]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=1)

@@ -1,7 +1,8 @@
 """The loss tail through ``precompile`` + SaveAll: the replay keeps alive exactly the first
 partition's storages (issue #23 item 3) where the loss is computed -- inside an HF causal LM
 (``model(ids, labels=ids)``), cross-entropy with ``ignore_index``, with label shifting, with
-``reduction="sum"``, and after an ``nn.TransformerEncoder``.
+``reduction="sum"``, and after an ``nn.TransformerEncoder`` -- and through batch norm, whose
+running statistics the first partition saves and the replay names as not kept (``FEWER``).
 
 Storage level: a saved tensor is a storage the backward reads (``ap_tags.counting``); views of
 a saved base are free. Compared as multisets of (dtype, bytes) per storage.
@@ -53,6 +54,22 @@ class EncoderCrossEntropy(nn.Module):
         return F.cross_entropy(out.view(-1, V), labels.view(-1))
 
 
+class ConvBatchNorm(nn.Module):
+    """Conv1d -> BatchNorm1d -> relu over the embedded tokens (a ResNet block's pattern): batch
+    norm's running statistics are saved by the first partition and written back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(V, 32)
+        self.conv = nn.Conv1d(32, 32, 3, padding=1)
+        self.bn = nn.BatchNorm1d(32)
+        self.head = nn.Linear(32, V)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.conv(self.emb(ids).transpose(1, 2)))).transpose(1, 2)
+        return F.cross_entropy(self.head(h).reshape(-1, V), labels.view(-1))
+
+
 class LlamaLoss(nn.Module):
     """A tiny ``LlamaForCausalLM`` from a ``LlamaConfig`` (no download) computing its own loss."""
 
@@ -82,6 +99,7 @@ CASES: dict[str, Callable[[], nn.Module]] = {
     "ce_label_shift": lambda: CrossEntropyHead("shift"),
     "ce_reduction_sum": lambda: CrossEntropyHead("sum"),
     "transformer_encoder_ce": EncoderCrossEntropy,
+    "conv_batch_norm": ConvBatchNorm,
 }
 
 #: Cases where the replay saves fewer storages than the first partition: the saves the report
@@ -91,6 +109,13 @@ FEWER = {
     # scalar) because the first backward's nll_loss_backward takes it as an argument; with
     # reduction="sum" it is never read, and the retraced (decomposed) backward does not read it.
     "ce_reduction_sum": ("nll_loss_forward[1]",),
+    # Batch norm's running statistics (outputs 3 and 4): the first partition saved them for
+    # native_batch_norm_backward, which in training never reads them; the forward writes them
+    # back to the buffers, and the retrace reads neither (ap_tags._unread_saves).
+    "conv_batch_norm": (
+        "_native_batch_norm_legit_functional[3]",
+        "_native_batch_norm_legit_functional[4]",
+    ),
 }
 
 

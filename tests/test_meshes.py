@@ -142,6 +142,10 @@ def test_hsdp_2x2_matches_eager() -> None:
     axes = bucketed_axes(res)
     rs_before, rs_after = axes["fsdp"]["reduce_scatter"]
     assert rs_before == res.n_params and rs_after < rs_before
+    # SimpleFSDP all-reduces each unsharded gradient on dp_replicate, then reduce-scatters it
+    # on fsdp: 17 -> 17 until ap-bucketing judged them before FSDP pre-bucketing (finding 5)
+    ar_before, ar_after = axes["dp_replicate"]["all_reduce"]
+    assert ar_before == res.n_params and ar_after < ar_before
     assert evaluate(res) == [], evaluate(res)
 
 
@@ -187,12 +191,10 @@ def test_fsdp_tp_2x2_buckets_only_the_fsdp_dim() -> None:
 @pytest.mark.meshes
 @pytest.mark.multirank
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="FSDP + TP: SaveAll saves 4 all-gather outputs and ap-tags reports 22 all-gather "
-    "chains for 17 parameters (which all-gathers: not yet identified; zoo/RESULTS-meshes.md)",
-)
 def test_fsdp_tp_2x2_saves_no_all_gather_output() -> None:
+    """No all-gather output of either dim is saved: not an FSDP-gathered weight, and not the TP
+    all-gather of a rowwise layer's input that the first partition runs in the backward (SaveAll
+    moved those 4 into the forward and saved them until it stopped saving backward nodes)."""
     res = _row("fsdp_tp_2x2")
     assert res.all_gather_saved == 0
 
@@ -324,6 +326,15 @@ def test_verdict_flags_each_broken_property() -> None:
         {"before": {"fsdp": {"reduce_scatter": 17}}, "after": {"fsdp": {"reduce_scatter": 17}}}
     ]
     assert evaluate(_result(collectives=unbucketed)) == ["fsdp reduce-scatters not bucketed"]
+    hsdp_unbucketed = [
+        {
+            "before": {"fsdp": {"reduce_scatter": 17}, "dp_replicate": {"all_reduce": 17}},
+            "after": {"fsdp": {"reduce_scatter": 1}, "dp_replicate": {"all_reduce": 17}},
+        }
+    ]
+    assert evaluate(_result(collectives=hsdp_unbucketed)) == [
+        "dp_replicate gradient all-reduces not bucketed"
+    ]
     assert evaluate(_result(grad_rel=2e-4)) == ["grads"]
     assert evaluate(_result(loss_rel=2e-5)) == ["loss"]
     assert evaluate(_result(mesh_vs_unsharded=1e-3)) == ["eager mesh loss != unsharded model's"]

@@ -600,6 +600,9 @@ def evaluate(res: RowResult) -> list[str]:
         fsdp["reduce_scatter"][1] < fsdp["reduce_scatter"][0]
     ):
         problems.append("fsdp reduce-scatters not bucketed")
+    replicate = axes.get("dp_replicate", {}).get("all_reduce", (0, 0))
+    if replicate[0] > 1 and not replicate[1] < replicate[0]:
+        problems.append("dp_replicate gradient all-reduces not bucketed")
     for axis in ("tp", "other"):
         for kind, (before, after) in axes.get(axis, {}).items():
             if before != after:

@@ -21,6 +21,20 @@ __all__ = ["attach_stock_gaps", "load", "render"]
 COMMAND = "nice -n 10 uv run python -m zoo"
 
 
+def _named_drops(why: dict[str, str]) -> str:
+    """The named drops of one row, grouped by the kind of reason (the text before its first
+    ``:``): how many, which, and one full reason as the example."""
+    kinds: dict[str, list[str]] = {}
+    for name in sorted(why):
+        kinds.setdefault(why[name].split(":", 1)[0] or "unexplained", []).append(name)
+    parts = []
+    for kind, names in kinds.items():
+        shown = ", ".join(f"`{n}`" for n in names[:4]) + (", ..." if len(names) > 4 else "")
+        example = f"; e.g. `{names[0]}`: {why[names[0]]}" if why[names[0]] else ""
+        parts.append(f"{len(names)} {kind} ({shown}{example})")
+    return "; ".join(parts)
+
+
 def load(path: str | Path) -> list[CaseResult]:
     data = json.loads(Path(path).read_text())
     return [CaseResult.from_dict(d) for d in data["cases"]]
@@ -200,12 +214,15 @@ def render(
                 if key not in seen:
                     seen.add(key)
                     lines.append(f"* `{r.model}` / `{r.config}` fallback: `{text}`")
-        dropped = sorted({d for rep in r.reports for d in rep.dropped_first_saves})
-        if dropped and r.config == "default":
+        why: dict[str, str] = {}
+        for rep in r.reports:
+            reasons = rep.dropped_first_saves_why or [""] * len(rep.dropped_first_saves)
+            for name, reason in zip(rep.dropped_first_saves, reasons, strict=True):
+                why.setdefault(name, reason)
+        if why and r.config == "default":
             lines.append(
-                f"* `{r.model}` / `{r.config}` replay saves fewer than the first partition: "
-                f"{', '.join(f'`{d}`' for d in dropped)} (first-partition saves the retraced "
-                "backward never reads; the replay is judged exact less these)"
+                f"* `{r.model}` / `{r.config}` replay saves fewer than the first partition "
+                f"(judged exact less these): {_named_drops(why)}"
             )
         narrowed = sorted({d for rep in r.reports for d in rep.narrowed_first_saves})
         if narrowed and r.config == "default":

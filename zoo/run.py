@@ -82,7 +82,12 @@ OPTION_CONFIGS: dict[str, dict[str, Any]] = {
 }
 #: The save-all replay under an activation budget, as a fraction of the first partition's saved
 #: bytes (``autoparallel_backend(activation_budget_bytes=...)``, issue #25).
-BUDGET_CONFIGS: dict[str, float] = {"budget_half": 0.5, "budget_zero": 0.0}
+BUDGET_CONFIGS: dict[str, float] = {
+    "budget_zero": 0.0,
+    "budget_quarter": 0.25,
+    "budget_half": 0.5,
+    "budget_3q": 0.75,
+}
 CONFIGS: tuple[str, ...] = (
     "stock",
     *AP_CONFIGS,
@@ -137,6 +142,8 @@ class Report:
     fell_back: bool
     fallback_reason: str | None
     dropped_first_saves: list[str] = field(default_factory=list)
+    # why each of dropped_first_saves is not kept (aligned; empty in older records)
+    dropped_first_saves_why: list[str] = field(default_factory=list)
     narrowed_first_saves: list[str] = field(default_factory=list)
     narrowed_storages: list[str] = field(default_factory=list)
 
@@ -357,6 +364,7 @@ def _report(rep: Any) -> Report:
         fell_back=bool(rep.fell_back),
         fallback_reason=rep.fallback_reason,
         dropped_first_saves=list(getattr(rep, "dropped_first_saves", ())),
+        dropped_first_saves_why=list(getattr(rep, "dropped_first_saves_why", ())),
         narrowed_first_saves=list(getattr(rep, "narrowed_first_saves", ())),
         narrowed_storages=list(getattr(rep, "narrowed_storages", ())),
     )

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from ap_partitioner._budget import is_unsafe_to_recompute, node_cost, recompute_closure
+from ap_partitioner._budget import (
+    fit_to_budget,
+    is_unsafe_to_recompute,
+    node_cost,
+    recompute_closure,
+)
+from ap_partitioner._rules import SavePlan
 from torch.fx.experimental.proxy_tensor import make_fx
 
 
@@ -40,3 +46,34 @@ def test_the_closure_stops_at_available_values_and_refuses_random_ops() -> None:
     rand = next(m for name, m in n.items() if name.startswith("rand"))
     assert is_unsafe_to_recompute(rand)
     assert recompute_closure(n["mul"], inputs | {n["sigmoid"]}) is None
+
+
+def _plan_graph() -> tuple[torch.fx.Graph, dict[str, torch.fx.Node]]:
+    """``relu(x)`` (128 B, cheap: 256 B moved) and ``a @ b`` (1,024 B, 32,768 FLOPs)."""
+
+    def fn(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).sum() + (a @ b).sum()
+
+    gm = make_fx(fn, tracing_mode="fake")(
+        torch.randn(4, 8), torch.randn(16, 64), torch.randn(64, 16)
+    )
+    return gm.graph, {n.name: n for n in gm.graph.nodes}
+
+
+def test_the_drop_that_fits_makes_an_earlier_cheaper_drop_unnecessary() -> None:
+    """The greedy drops ``relu`` first (best bytes per cost) and then ``mm`` to reach 1,000 B;
+    after ``mm`` (1,024 B) the budget no longer needs ``relu`` dropped: it stays saved and
+    only ``mm`` is recomputed (red when the prefix is kept as the greedy found it)."""
+    graph, n = _plan_graph()
+    plan = SavePlan([n["relu"], n["mm"]])
+    outcome = fit_to_budget(graph, plan, 1_000)
+    assert [d.name for d in outcome.dropped] == ["mm"]
+    assert outcome.plan.values == [n["relu"]]
+    assert outcome.after_bytes == 128 <= outcome.budget_bytes
+    assert (outcome.recompute_flops, outcome.recompute_bytes_moved) == (2 * 16 * 64 * 16, 0)
+    # a budget that needs both drops keeps both
+    both = fit_to_budget(graph, plan, 0)
+    assert {d.name for d in both.dropped} == {"relu", "mm"} and both.after_bytes == 0
+    # and one the cheap drop alone meets is met by it alone
+    cheap = fit_to_budget(graph, plan, 1_024)
+    assert [d.name for d in cheap.dropped] == ["relu"]

@@ -510,3 +510,47 @@ def test_a_saved_view_of_a_saved_value_is_dropped_and_recomputed() -> None:
     assert dropped == (view.name, view_of_view.name)
     # a view whose base is not saved stays (x is not in the plan)
     assert without_views_of_saved(SavePlan([x_view, other])) == (SavePlan([x_view, other]), ())
+
+
+def _backward_all_gather_joint() -> fx.GraphModule:
+    """FSDP + TP's rowwise weight gradient, smallest form: the forward computes ``mm`` (saved
+    by the first partition), the backward all-gathers it over the TP group and multiplies by
+    the tangent. The all-gather reads only a forward value, so ``classify_nodes`` finds it
+    unclaimed, and ``force_save_collectives`` tags its wait ``MUST_SAVE``."""
+    c10d = torch.ops._c10d_functional
+    g = fx.Graph()
+
+    def node(target: Any, args: tuple[Any, ...], val: torch.Tensor, name: str) -> fx.Node:
+        n = g.call_function(target, args)
+        n.name = name
+        n.meta["val"] = val
+        return n
+
+    x = g.placeholder("primals_1")
+    x.meta["val"] = torch.randn(2, 4)
+    w = g.placeholder("primals_2")
+    w.meta["val"] = torch.randn(4, 4)
+    t = g.placeholder("tangents_1")
+    t.meta["val"] = torch.randn(4, 4)
+    mm = node(aten.mm.default, (x, w), torch.randn(2, 4), "mm")
+    tag(mm, replay=True)
+    loss = node(aten.sum.default, (mm,), torch.randn(()), "sum_1")
+    ag = node(c10d.all_gather_into_tensor.default, (mm, 2, "tp"), torch.randn(4, 4), "ag")
+    wait = node(c10d.wait_tensor.default, (ag,), torch.randn(4, 4), "wait_tensor")
+    grad = node(aten.mul.Tensor, (wait, t), torch.randn(4, 4), "mul")
+    for n in (ag, wait, grad):
+        n.meta["autograd_backward"] = True
+    out = g.output((loss, None, grad))
+    out.meta["desc"] = [None] * 3
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_a_backward_collective_reading_only_forward_values_stays_in_the_backward() -> None:
+    """The first partition saved ``mm`` and gathered it in the backward; the replay must do
+    the same, not move the (force-saved) all-gather into the forward and save its output
+    (FSDP + TP on torchtitan's Llama3 saved 4 gathered activations, issue #23 finding 4)."""
+    fw, bw, rep = partition(_backward_all_gather_joint())
+    assert saved(fw) == ["mm"]
+    assert not any("all_gather" in str(n.target) for n in fw.graph.nodes)
+    assert any("all_gather" in str(n.target) for n in bw.graph.nodes)
+    assert rep.saved_all_gather_count == 0 and not rep.fell_back

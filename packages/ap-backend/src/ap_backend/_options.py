@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
 import ap_epchunk
+import ap_partitioner
 import ap_tags
 import torch.fx
 from ap_bucketing import BucketingConfig
-from ap_tags.checks import describe, require_bool, require_instance, require_int
+from ap_tags.checks import describe, require_bool, require_instance
 
 from ap_backend import _compat
 
@@ -110,9 +111,7 @@ def validate_options(
     budget = (
         None
         if activation_budget_bytes is None
-        else require_int(
-            activation_budget_bytes, where=where, arg="activation_budget_bytes", minimum=0
-        )
+        else ap_partitioner.check_activation_budget(activation_budget_bytes, where=where)
     )
     if budget is not None and choice != "save_all":
         raise ValueError(

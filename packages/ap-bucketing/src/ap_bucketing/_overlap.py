@@ -31,7 +31,11 @@ from ._config import BucketingConfig, resolve_config
 from ._metrics import max_consec_compute_between_rs
 from ._out_writes import out_write_edges, restore_out_write_order
 from ._patching import only_groups, patched
-from ._replicate import bucket_gradient_all_reduces, fsdp_groups_for
+from ._replicate import (
+    bucket_gradient_all_reduces,
+    fsdp_groups_for,
+    gradient_all_reduce_waits,
+)
 from ._rollback import checkpoint, restore, unsortable_nodes
 from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
@@ -209,6 +213,8 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             pre_bucket = _compat.pre_bucket_fsdp_collectives()
             if kwargs.pop("pre_bucketing_fsdp_collectives"):
                 fsdp_groups = fsdp_groups_for(gm, self.config)  # before merging changes counts
+                # before pre-bucketing packs their consumers (reduce-scatters) into buckets
+                gradient_waits = gradient_all_reduce_waits(gm, fsdp_groups)
                 # torch identifies the FSDP groups, then buckets every FSDP-shaped all-gather
                 # and reduce-scatter of the graph: keep another mesh dim's (TP) out of it
                 with only_groups(fsdp_groups):
@@ -218,7 +224,9 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                         mode=kwargs["bucket_mode"],
                     )
                 # torch buckets all-reduces of the FSDP groups only: HSDP's replicate group
-                replicate_merged = bucket_gradient_all_reduces(gm, fsdp_groups, self.config)
+                replicate_merged = bucket_gradient_all_reduces(
+                    gm, fsdp_groups, self.config, gradient_waits
+                )
             # both reorderings below see data edges only; a "custom_ops" bucket's members are
             # filled by an out= copy that their readers have no edge to (_out_writes.py)
             edges = out_write_edges(graph)

@@ -9,7 +9,13 @@ from importlib.metadata import version as _distribution_version
 
 from ap_tags.graph import is_all_gather_output
 
-from ap_partitioner._budget import BudgetError, BudgetOutcome, DroppedSave, fit_to_budget
+from ap_partitioner._budget import (
+    BudgetError,
+    BudgetOutcome,
+    DroppedSave,
+    check_activation_budget,
+    fit_to_budget,
+)
 from ap_partitioner._compat import SUPPORT as _TORCH_SUPPORT
 from ap_partitioner._compat import TESTED_TORCH, UnsupportedTorchError
 from ap_partitioner._dce import wait_tensor_dce
@@ -37,6 +43,7 @@ __all__ = [
     "SaveAllPartitioner",
     "UnsupportedTorchError",
     "__version__",
+    "check_activation_budget",
     "fit_to_budget",
     "is_all_gather_output",
     "plan_saves",

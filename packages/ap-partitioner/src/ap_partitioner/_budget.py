@@ -22,7 +22,9 @@ both in one unit (a FLOP and a byte count the same), reported apart. A node alre
 for an earlier drop costs nothing again. The greedy order does not depend on the budget, so
 one pass down to the *floor* (no droppable value left) gives both the floor and, as the
 shortest prefix that fits, the plan for any budget; a budget under the floor is refused with
-the floor in the message.
+the floor in the message. That prefix ends with the drop that made it fit, which may free far
+more than was missing; the earlier drops it made unnecessary are then kept saved again,
+worst-scored first, when that recomputes less (a greedy knapsack's usual repair).
 """
 
 from __future__ import annotations
@@ -49,8 +51,40 @@ __all__ = [
     "DroppedSave",
     "budget_fields",
     "budget_notes",
+    "check_activation_budget",
     "fit_to_budget",
 ]
+
+#: What every refusal of a budget says about the one number that decides a graph's smallest
+#: budget: it is a property of the graph, known when it is partitioned.
+_FLOOR_HINT = (
+    "the smallest budget a graph accepts is its floor (the saved bytes left when every "
+    "recomputable value is recomputed: 0 without random ops, collectives outside FSDP chains "
+    "or mutations), reported as PartitionReport.budget_floor_bytes; a budget under a graph's "
+    "floor raises BudgetError naming it"
+)
+
+
+def check_activation_budget(value: object, *, where: str) -> int:
+    """``value`` as a budget in bytes, or a ``TypeError`` / ``ValueError`` naming
+    ``activation_budget_bytes`` and the floor rule.
+
+    A negative or non-integer budget is wrong for every graph, so it is refused when the option
+    is given, before anything is compiled; a budget under a particular graph's floor can only be
+    refused when that graph is partitioned (:class:`BudgetError`). ``bool`` is refused (``True``
+    is not a byte count) and so is a float, even a whole one: a byte count is exact."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = f"{value!r} ({type(value).__name__})"
+        raise TypeError(
+            f"{where}: activation_budget_bytes must be an int number of bytes, got {shown}; "
+            + _FLOOR_HINT
+        )
+    if value < 0:
+        raise ValueError(
+            f"{where}: activation_budget_bytes={value:,} is below every graph's floor (a floor "
+            "is never under 0 bytes); " + _FLOOR_HINT
+        )
+    return value
 
 
 class BudgetError(ValueError):
@@ -268,10 +302,71 @@ def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx
         out.append((record, base, current))
 
 
+def _costed_drops(
+    graph: fx.Graph, plan: SavePlan, storages: Sequence[fx.Node]
+) -> list[DroppedSave] | None:
+    """The records of dropping exactly ``storages`` (in this order) from ``plan``: each one's
+    recompute closure against what stays saved, a node recomputed for an earlier one counted
+    once. None when a closure turns out unsafe (never for subsets of one greedy pass: a
+    closure only shrinks as more values stay saved)."""
+    gone_bases = set(storages)
+    groups = {b: g for b, g in _storage_groups(plan.values).items() if b in gone_bases}
+    gone = {v for g in groups.values() for v in g}
+    available = {
+        *(v for v in plan.values if v not in gone),
+        *plan.sym_nodes,
+        *plan.opaque_nodes,
+        *graph.find_nodes(op="placeholder"),
+    }
+    recomputed: set[fx.Node] = set()
+    records: list[DroppedSave] = []
+    for base in storages:
+        closure = _group_closure(groups[base], available)
+        if closure is None:
+            return None
+        fresh = [n for n in closure if n not in recomputed]
+        recomputed.update(fresh)
+        costs = [node_cost(n) for n in fresh]
+        records.append(
+            DroppedSave(
+                base.name,
+                ap_tags.module_fqn(base),
+                node_nbytes(base),
+                sum(c[0] for c in costs),
+                sum(c[1] for c in costs),
+                len(fresh),
+            )
+        )
+    return records
+
+
+def _total_cost(records: Sequence[DroppedSave]) -> int:
+    return sum(d.flops + d.bytes_moved for d in records)
+
+
+def _restored(
+    taken: list[fx.Node], freed: dict[fx.Node, int], after: int, budget_bytes: int
+) -> tuple[list[fx.Node], int]:
+    """``taken`` less the drops the budget no longer needs, latest (worst-scored) first.
+
+    The greedy prefix stops at the first drop that fits, which can free far more than the
+    budget asked for: an earlier, lower-yield drop may then be unnecessary. Keeping a value
+    saved is always valid (it is one of the replay's saves) and never adds recomputation."""
+    kept = list(taken)
+    for base in reversed(taken):
+        if after + freed[base] <= budget_bytes:
+            kept.remove(base)
+            after += freed[base]
+    return kept, after
+
+
 def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetOutcome:
     """``plan`` with the fewest-cost drops that bring its saved activation bytes to
     ``budget_bytes`` or below (module doc). Raises :class:`BudgetError` when the budget is
-    below the floor. ``plan`` itself is not changed."""
+    below the floor. ``plan`` itself is not changed.
+
+    The greedy prefix that fits is then pruned (:func:`_restored`); the pruned set is kept
+    only when its recompute cost, counted afresh, is lower."""
     before = _saved_bytes(plan.values)
     with paused_gc():
         drops = _greedy_drops(graph, plan)
@@ -285,7 +380,20 @@ def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetO
             break
         taken.append((record, node, remaining))
         after = remaining
-    gone_storages = {node for _, node, _ in taken}
+    records = [record for record, _, _ in taken]
+    storages = [node for _, node, _ in taken]
+    freed = {node: record.freed_bytes for record, node, _ in taken}
+    pruned, pruned_after = _restored(storages, freed, after, budget_bytes)
+    if len(pruned) < len(storages):
+        with paused_gc():
+            repriced = _costed_drops(graph, plan, pruned)
+        if repriced is not None and _total_cost(repriced) < _total_cost(records):
+            log.debug(
+                "fit_to_budget: kept %d of the greedy's drops saved",
+                len(storages) - len(pruned),
+            )
+            records, storages, after = repriced, pruned, pruned_after
+    gone_storages = set(storages)
     gone = {v for v in plan.values if storage_base(v) in gone_storages}
     kept = SavePlan(
         [v for v in plan.values if v not in gone], list(plan.sym_nodes), list(plan.opaque_nodes)
@@ -296,7 +404,7 @@ def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetO
         before_bytes=before,
         after_bytes=after,
         floor_bytes=floor,
-        dropped=tuple(record for record, _, _ in taken),
+        dropped=tuple(records),
     )
 
 

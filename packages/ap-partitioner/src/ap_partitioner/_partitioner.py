@@ -27,7 +27,12 @@ from ap_tags.checks import require_bool, require_callable, require_graph_module,
 from ap_tags.scoped import paused_gc
 
 from ap_partitioner import _compat
-from ap_partitioner._budget import budget_fields, budget_notes, fit_to_budget
+from ap_partitioner._budget import (
+    budget_fields,
+    budget_notes,
+    check_activation_budget,
+    fit_to_budget,
+)
 from ap_partitioner._call_args import PartitionCall, check_call
 from ap_partitioner._compat import CustomPartitionerFn
 from ap_partitioner._cut import blocked_by_recompute_tag, missing_values
@@ -174,9 +179,7 @@ class SaveAllPartitioner(_ReportingPartitioner):
         self.activation_budget_bytes = (
             None
             if activation_budget_bytes is None
-            else require_int(
-                activation_budget_bytes, where=owner, arg="activation_budget_bytes", minimum=0
-            )
+            else check_activation_budget(activation_budget_bytes, where=owner)
         )
 
     def uuid(self) -> str:
@@ -253,16 +256,11 @@ class SaveAllPartitioner(_ReportingPartitioner):
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
             return self._fallback(working_copy(gm), call, reason, [], notes, cause=exc)
-        return (
-            fw,
-            bw,
-            {
-                "notes": notes,
-                "dropped_first_saves": replayed.dropped,
-                **narrowed_fields(narrowed),
-                **budget,
-            },
-        )
+        dropped = {
+            "dropped_first_saves": replayed.dropped,
+            "dropped_first_saves_why": replayed.dropped_why,
+        }
+        return fw, bw, {"notes": notes, **dropped, **narrowed_fields(narrowed), **budget}
 
     @staticmethod
     def _missing_reason(joint: fx.GraphModule, missing: list[str]) -> str:

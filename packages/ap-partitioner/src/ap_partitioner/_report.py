@@ -51,12 +51,14 @@ class PartitionReport:
     backward runs, i.e. collectives re-run there. ``dropped_first_saves`` names the first
     compilation's saves the replay did not keep because the retraced backward never reads them
     (``ap_tags.ReplayedSaves.dropped``: first-partition node names, ``parent[i]`` for a saved
-    output of a multi-output op). ``narrowed_first_saves`` names the first compilation's saves
-    that are lossless widening casts (a bf16 value's fp32 upcast) the replay saved as their
-    narrow source instead (``ap_partitioner._narrow``: the backward recomputes the cast
-    bitwise, the forward rounds the source as eager does), by their first-partition names;
-    ``narrowed_storages`` the storages saved in their place that the replay would not keep
-    otherwise (this graph's names; a source already saved adds none). With an activation budget (``SaveAllPartitioner(
+    output of a multi-output op); ``dropped_first_saves_why`` says why each is not kept
+    (aligned: the backward reads none of its retraced values, or what the first forward graph
+    shows, ``ap_tags.ReplayedSaves.dropped_why``). ``narrowed_first_saves`` names the first
+    compilation's saves that are lossless widening casts (a bf16 value's fp32 upcast) the replay
+    saved as their narrow source instead (``ap_partitioner._narrow``: the backward recomputes
+    the cast bitwise, the forward rounds the source as eager does), by their first-partition
+    names; ``narrowed_storages`` the storages saved in their place that the replay would not
+    keep otherwise (this graph's names; a source already saved adds none). With an activation budget (``SaveAllPartitioner(
     activation_budget_bytes=...)``): ``budget_bytes``, the graph's ``budget_floor_bytes`` (every
     recomputable save recomputed), ``budget_replay_bytes`` (what the replay alone saves),
     ``recompute_flops`` / ``recompute_bytes_moved`` the recomputation added, and
@@ -83,6 +85,7 @@ class PartitionReport:
     missing_values: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     dropped_first_saves: tuple[str, ...] = ()
+    dropped_first_saves_why: tuple[str, ...] = ()
     narrowed_first_saves: tuple[str, ...] = ()
     narrowed_storages: tuple[str, ...] = ()
     budget_bytes: int | None = None
@@ -111,8 +114,8 @@ def build_report(
     """Measure a finished partition (any partitioner's) into a ``PartitionReport``.
 
     ``outcome`` holds the fields the graphs cannot tell (``partition_time_s``, ``fell_back``,
-    ``fallback_reason``, ``missing_values``, ``notes``, ``dropped_first_saves``,
-    ``narrowed_first_saves``, ``narrowed_storages``); an unknown
+    ``fallback_reason``, ``missing_values``, ``notes``, ``dropped_first_saves`` and its
+    ``_why``, ``narrowed_first_saves``, ``narrowed_storages``); an unknown
     field is a ``TypeError``.
     """
     mod = _compat.partitioners()

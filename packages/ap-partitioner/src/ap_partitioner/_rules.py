@@ -18,6 +18,15 @@ Rules, first match wins (``docs/architecture.md``, "Save rules"):
    are not acted on (see ``ap_tags._replay``).
 7. Anything else is recomputed in the backward if needed.
 
+Rules 3 and 6 never save a *backward* node (``ap_tags.graph.backward_nodes``: marked by
+AOTAutograd, or computed from one), whatever its tag: the first compilation ran it in the
+backward, so the replay does too. torch's ``force_save_collectives`` (in the prologue) tags
+every collective ``MUST_SAVE``, backward ones included, and a backward collective that reads
+only forward values is no tangent's descendant: ``classify_nodes`` lists it as *unclaimed*, a
+candidate. Saved, it would move into the forward and keep its output alive -- on FSDP + TP,
+the TP all-gather of an activation that the first backward runs for a rowwise weight's
+gradient (four extra saves of gathered activations on torchtitan's Llama3, issue #23).
+
 After the rules, a saved lossless widening cast (a bf16 value's fp32 upcast) is saved as its
 narrow source and recomputed in the backward where that costs nothing
 (:mod:`ap_partitioner._narrow`: Inductor would otherwise store the upcast from the unrounded
@@ -38,7 +47,7 @@ from dataclasses import dataclass, field
 import ap_tags
 import torch.fx as fx
 from ap_tags.checks import require_nodes
-from ap_tags.graph import aliases_input, is_getitem, is_multi_output
+from ap_tags.graph import aliases_input, backward_nodes, is_getitem, is_multi_output
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ap_partitioner import _compat
@@ -98,15 +107,23 @@ class SavePlan:
         return [*self.values, *self.sym_nodes, *self.opaque_nodes]
 
 
-def apply_rule(node: fx.Node, plan: SavePlan, replayed: Set[fx.Node]) -> None:
+def apply_rule(
+    node: fx.Node,
+    plan: SavePlan,
+    replayed: Set[fx.Node],
+    backward: Set[fx.Node] = frozenset(),
+) -> None:
     """Apply the first matching save rule for ``node`` to ``plan``; ``replayed`` holds the
-    values ``ap_tags.replayed_saves`` resolved on the node's graph."""
+    values ``ap_tags.replayed_saves`` resolved on the node's graph, ``backward`` its backward
+    nodes (never saved as values, see the module doc)."""
     mod = _compat.partitioners()
     if is_must_recompute(node):
         return
     if mod.is_sym_node(node):
         if not mod._is_assert_only_symbool(node):
             plan.sym_nodes.append(node)
+        return
+    if node in backward and not mod.is_opaque_node(node):
         return
     if is_multi_output(node):
         plan.values.extend(_selected_children(node, replayed))
@@ -170,9 +187,11 @@ def plan_saves(
     """Apply the rules to every candidate (forward-required, then unclaimed nodes), deduped.
 
     ``replayed``: the values resolved as the first partition's saves; by default
-    ``ap_tags.replayed_saves`` of the candidates' graph.
+    ``ap_tags.replayed_saves`` of the candidates' graph. The candidates' backward nodes
+    (``ap_tags.graph.backward_nodes``) are never saved as values.
     """
     nodes = require_nodes(candidates, where="plan_saves", arg="candidates")
+    backward = backward_nodes(nodes[0].graph) if nodes else set()
     if replayed is None:
         resolved: Set[fx.Node] = (
             set(ap_tags.replayed_saves(nodes[0].graph).values) if nodes else set()
@@ -183,5 +202,5 @@ def plan_saves(
     for node in nodes:
         if node.op == "output":
             continue
-        apply_rule(node, plan, resolved)
+        apply_rule(node, plan, resolved, backward)
     return plan.deduplicated()

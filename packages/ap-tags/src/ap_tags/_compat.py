@@ -84,6 +84,18 @@ def saved_output_descriptor_types() -> tuple[type, ...]:
     return tuple(t for t in found if isinstance(t, type))
 
 
+def input_mutation_output_type() -> type | None:
+    """AOTAutograd's output descriptor for an input's new value (``InputMutationAOTOutput``,
+    2.13-2.15: a buffer the forward updates, e.g. batch norm's running statistics, returned for
+    the runtime to write back); None when the descriptors module is missing."""
+    try:
+        descriptors = SUPPORT.module("torch._functorch._aot_autograd.descriptors")
+    except UnsupportedTorchError:
+        return None
+    found = getattr(descriptors, "InputMutationAOTOutput", None)
+    return found if isinstance(found, type) else None
+
+
 def symint_hint(value: torch.SymInt) -> int | None:
     """A concrete int for ``value`` from hints only (see ``ap_tags.graph.size_hint``).
 

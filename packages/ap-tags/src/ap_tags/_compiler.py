@@ -24,6 +24,7 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 
 from ._compat import replay_scope, require_fx_traceback
+from ._first_forward import register_first_forward
 from ._recomputed import release_recomputed_saves
 from ._saved import SavedOutputsReport, check_num_fwd_outputs, tag_saved_outputs
 from .checks import require_bool, require_graph_module
@@ -69,6 +70,8 @@ def preserve_meta_compiler(
         if tag_forward:
             report = tag_saved_outputs(gm, num_fwd_outputs=num_fwd_outputs)
             log.debug("preserve_meta_compiler tagged %s", report)
+            # the replay reads this graph again to name what it saves fewer (_unread_saves)
+            register_first_forward(gm.graph)
         else:
             release_recomputed_saves(gm)
         return InterpretedGraph(gm, report)

@@ -43,7 +43,11 @@ lists the first partition's saves (by their names there; ``parent[i]`` for a sav
 multi-output op) whose retraced values carry the save tag but none of which the backward reads
 -- e.g. ``nll_loss_forward``'s ``total_weight`` with ``reduction="sum"``, an argument the first
 backward took and never used. A first-partition save whose retrace computes nothing (a no-op
-view) has no node to report it and needs none: its storage is another saved value's.
+view) has no node to report it and needs none: its storage is another saved value's. Two cases
+provenance cannot name are read off the first forward graph itself (``_unread_saves``): a saved
+copy the retrace traces to no node at all, and a multi-output op's written-back outputs (batch
+norm's running statistics) whose retraced nodes name the op, not the output. ``dropped_why``
+says why each name is not kept.
 
 "Backward" is decided by AOTAutograd's marks (``meta["autograd_backward"]``, every node traced
 while autograd runs the backward) plus tangent reachability. A graph with no backward mark at
@@ -61,6 +65,8 @@ import torch
 import torch.fx
 
 from ._accessors import is_must_save, must_save_indices
+from ._first_forward import interpreted_source
+from ._unread_saves import named_drops
 from .checks import require_graph
 from .graph import backward_nodes, is_getitem, is_multi_output, op_overload, storage_base
 
@@ -78,7 +84,8 @@ class ReplayedSaves:
     ``dropped``: the first partition's saves (its node names, ``parent[i]`` for a getitem)
     whose retraced values the backward does not read -- the storages the replay saves fewer.
     ``kept``: first-partition names of the values the replay saves (provenance, see
-    ``first_partition_name``); empty on graphs without provenance.
+    ``first_partition_name``); empty on graphs without provenance. ``dropped_why``: why each
+    of ``dropped`` is not kept (aligned with it; ``"<kind>: <detail>"``).
     """
 
     values: tuple[torch.fx.Node, ...]
@@ -88,6 +95,7 @@ class ReplayedSaves:
     constants: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()
+    dropped_why: tuple[str, ...] = ()
 
     def notes(self) -> tuple[str, ...]:
         """One line per kind of tag the replay did not take as written (for reports)."""
@@ -101,12 +109,17 @@ class ReplayedSaves:
                 "compilation's joint passes, tag inherited from a backward node), recomputed "
                 "in the backward instead of saved",
             ),
-            (
-                self.dropped,
-                "first-partition saves the retraced backward does not read, not saved",
-            ),
         )
-        return tuple(f"{len(names)} {what}: {_names(names)}" for names, what in lines if names)
+        found = tuple(f"{len(names)} {what}: {_names(names)}" for names, what in lines if names)
+        if not self.dropped:
+            return found
+        why = zip(self.dropped, self.dropped_why or ("",) * len(self.dropped), strict=True)
+        each = [f"{name} ({reason})" if reason else name for name, reason in why]
+        dropped = "; ".join(each[:8]) + (f"; ... ({len(each) - 8} more)" if len(each) > 8 else "")
+        return (
+            *found,
+            f"{len(self.dropped)} first-partition saves the replay does not keep: {dropped}",
+        )
 
 
 def _names(names: tuple[str, ...], limit: int = 8) -> str:
@@ -162,18 +175,8 @@ def first_partition_name(node: torch.fx.Node) -> str | None:
     node (``pass_name`` ``"Interpreter_<class>"``, or empty from a bare ``set_current_meta``);
     sources a named graph pass recorded (a pattern replacement) are followed through to theirs.
     """
-    sources = node.meta.get("from_node")
-    while isinstance(sources, list) and sources:
-        source = sources[-1]
-        name = getattr(source, "name", None)
-        pass_name = getattr(source, "pass_name", None)
-        interpreted = pass_name == "" or (
-            isinstance(pass_name, str) and pass_name.startswith("Interpreter_")
-        )
-        if interpreted and isinstance(name, str):
-            return name
-        sources = getattr(source, "from_node", None)
-    return None
+    name = getattr(interpreted_source(node), "name", None)
+    return name if isinstance(name, str) else None
 
 
 def _saved_names(node: torch.fx.Node) -> list[str]:
@@ -196,6 +199,9 @@ def _kept(read: list[torch.fx.Node]) -> tuple[str, ...]:
             if name is not None:
                 kept.setdefault(name)
     return tuple(kept)
+
+
+_NOT_READ = "not read: its retraced values carry the save tag; the retraced backward reads none"
 
 
 def _dropped(
@@ -238,12 +244,17 @@ def replayed_saves(graph: torch.fx.Graph | torch.fx.GraphModule) -> ReplayedSave
     read_storages = {storage_base(n) for n in read}
     kept = _kept(read)
     tagged_storages = {storage_base(n) for n in tagged}
+    unread = _dropped([n for n in tagged if n not in constant], set(kept), backward)
+    why = dict.fromkeys(unread, _NOT_READ)
+    for drop in named_drops(g, backward, read):
+        why.setdefault(drop.name, drop.why)
     return ReplayedSaves(
         values=tuple(read),
         not_read=tuple(n.name for n in tagged if storage_base(n) not in read_storages),
         untagged_read=tuple(n.name for n in read if storage_base(n) not in tagged_storages),
         backward_tagged=backward_tagged,
         constants=tuple(n.name for n in hoisted),
-        dropped=_dropped([n for n in tagged if n not in constant], set(kept), backward),
+        dropped=tuple(why),
         kept=kept,
+        dropped_why=tuple(why.values()),
     )

@@ -203,10 +203,13 @@ def hsdp_backward_graph(
     dim: int = 16,
     tokens: int = 16,
     activation_all_reduce: bool = True,
+    all_reduce_first: bool = False,
 ) -> fx.GraphModule:
     """An HSDP backward: per layer (last to first) all-gather the weight shard on
     ``shard_group``, two matmuls, reduce-scatter the weight gradient on ``shard_group`` and
-    all-reduce that shard on ``replicate_group`` straight to the output.
+    all-reduce that shard on ``replicate_group`` straight to the output (FSDP2's order).
+    ``all_reduce_first``: SimpleFSDP's order instead (torchtitan's ``hybrid_shard``): all-reduce
+    the unsharded gradient on ``replicate_group``, then reduce-scatter it to the output.
     ``activation_all_reduce`` adds one all-reduce on ``replicate_group`` that is not a gradient
     (its result feeds the next layer's matmul). ``group_size`` is the shard group's size;
     with 1 (and both names registered on one rank) the graph runs on real data."""
@@ -220,8 +223,12 @@ def hsdp_backward_graph(
         grad_in = b.mm(grad, weight)
         grad_t = b.call(aten.t.default, (grad,), (dim, tokens))
         grad_w = b.mm(grad_t, acts[layer])
-        _, shard = b.reduce_scatter(grad_w, group=shard_group, group_size=group_size)
-        _, reduced = b.all_reduce(shard, group=replicate_group)
+        if all_reduce_first:
+            _, full = b.all_reduce(grad_w, group=replicate_group)
+            _, reduced = b.reduce_scatter(full, group=shard_group, group_size=group_size)
+        else:
+            _, shard = b.reduce_scatter(grad_w, group=shard_group, group_size=group_size)
+            _, reduced = b.all_reduce(shard, group=replicate_group)
         outputs.append(reduced)
         if activation_all_reduce and layer == layers - 1:
             _, grad_in = b.all_reduce(grad_in, group=replicate_group)
