@@ -49,7 +49,7 @@ def chunk_rank(region: ChunkedRegion) -> dict[int, int]:
     return {c: r for r, c in enumerate(ordered)}
 
 
-def _keeps_order(node: torch.fx.Node) -> bool:
+def keeps_order(node: torch.fx.Node) -> bool:
     """Reordering two of these could change a value: a mutation, or a random op (which draws
     from the generator's state in call order)."""
     if node.op != "call_function":
@@ -67,7 +67,7 @@ def order_edges(window: Sequence[torch.fx.Node]) -> dict[torch.fx.Node, set[torc
     pos = {n: i for i, n in enumerate(window)}
     previous: torch.fx.Node | None = None
     for node in window:
-        if not _keeps_order(node):
+        if not keeps_order(node):
             continue
         if previous is not None:
             edges.setdefault(node, set()).add(previous)
