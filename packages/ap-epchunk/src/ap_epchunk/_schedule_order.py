@@ -15,10 +15,19 @@ Which ready node goes next (why):
    ``0 .. N-1``; backward: ``N-1 .. 0``, the order the autograd engine runs chunk backwards and
    the chunk pass sums their gradient partials in), then the original order;
 3. otherwise the oldest in-flight launch's wait, if that exchange is estimated to be done
-   (:mod:`ap_epchunk._schedule_cost`: a clock advanced by each emitted node's estimated cost);
+   (:mod:`ap_epchunk._schedule_cost`: a clock advanced by each emitted node's estimated cost)
+   and an exchange of the region is still to be launched;
 4. otherwise other ready work (*filler*: a shared expert, the tail of an earlier chunk), in the
    same order as 2 -- it runs while the exchange is still in flight;
 5. otherwise that wait.
+
+Rule 3 holds a wait back only while the pipeline fills and runs. In the *drain* (every exchange
+of the region launched) nothing emitted later can hide the exchanges still in flight, so ready
+filler always goes before a wait, whatever the estimate says: a wait emitted later than
+necessary costs nothing (its dependents are emitted after it anyway), while filler emitted after
+the last waits hides nothing. Measured on DeepSeek-V3 (one MoE layer, N=2), where the shared
+experts and the router's tail otherwise ran after the first combine's wait
+(``benchmarks/RESULTS.md``, issue 24).
 
 For N chunks this is a pipeline: chunk ``c`` computes the stage after exchange ``k`` while the
 exchanges ``k`` of chunks ``c+1 .. N-1`` are in flight, in forward and in backward alike, and
@@ -140,13 +149,16 @@ def pipeline_order(window: Sequence[torch.fx.Node], region: ChunkedRegion) -> li
         else:
             heapq.heappush(fill_q, (work_key(node), pos[node]))
 
+    #: the region's exchanges not launched yet (0: the pipeline drains)
+    unlaunched = [len(launches)]
+
     def pick() -> int:
         for queue in (launch_q, feed_q):
             if queue:
                 return heapq.heappop(queue)[1]
         if wait_q:
             launch = launch_of(by_pos[wait_q[0][1]])
-            if not fill_q or clock.done(launch):
+            if not fill_q or (unlaunched[0] and clock.done(launch)):
                 return heapq.heappop(wait_q)[1]
         return heapq.heappop(fill_q)[1]
 
@@ -158,6 +170,8 @@ def pipeline_order(window: Sequence[torch.fx.Node], region: ChunkedRegion) -> li
         node = by_pos[pick()]
         order.append(node)
         clock.emit(node)
+        if node in launches:
+            unlaunched[0] -= 1
         for s in succs[node]:
             missing[s] -= 1
             if missing[s] == 0:
