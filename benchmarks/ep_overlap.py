@@ -13,6 +13,10 @@ same process, so they interleave):
 * ``N=2 ours`` / ``N=4 ours``: chunked + ``schedule_chunk_overlap`` (the default);
 * ``N=2 ours, 500 us``: ours with the cost model's collective latency at 500 us instead of
   50 us (an A/B of that one constant, ``ap_epchunk._schedule_cost.LATENCY_S``);
+* ``N=2 ours, no FSDP placement``: ours with ``ChunkConfig(place_fsdp_collectives=False)``
+  (the backward's FSDP re-gathers left where the pipeline puts them, inside the span);
+* ``N=2 ours, old drain``: ours without the drain rule (``ap_epchunk._schedule_order.
+  DRAIN_FILLER_FIRST = False``: waits before filler in the drain when estimated done);
 * ``N=2 torchtitan``: chunked, then torchtitan 0.3.0's ``ep_overlap_schedule_pass`` (two chunks
   only) on the same joint graph instead of ours, its metadata (``chunked_region_role``,
   ``chunk_id``, ``EP_token_exchange`` labels on the token exchanges) translated from ours.
@@ -53,6 +57,8 @@ VARIANTS: tuple[tuple[str, int, str | None], ...] = (
     ("N=2 ours", 2, "ours"),
     ("N=2 torchtitan", 2, "torchtitan"),
     ("N=2 ours, 500 us", 2, "ours-500us"),
+    ("N=2 ours, no FSDP placement", 2, "ours-no-placement"),
+    ("N=2 ours, old drain", 2, "ours-old-drain"),
     ("N=4", 4, None),
     ("N=4 ours", 4, "ours"),
 )
@@ -144,7 +150,9 @@ def torchtitan_schedule(gm: torch.fx.GraphModule) -> Any:
     return ScheduleReport()
 
 
-def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> dict[str, Any]:
+def _rank(
+    rank: int, world: int, models: list[str], rounds: int, steps: int, variants: list[str]
+) -> dict[str, Any]:
     import ap_epchunk
     import torch._inductor.compile_fx as cfx
     import torch.distributed as dist
@@ -161,6 +169,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
     cpu_expert_parallel()
     cfx.compile_fx_inner = _fx_inner  # type: ignore[assignment]
     import ap_epchunk._schedule_cost as cost
+    import ap_epchunk._schedule_order as order
 
     ours = ap_epchunk.schedule_chunk_overlap
     latency = cost.LATENCY_S
@@ -179,8 +188,15 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
         compiled: dict[str, Any] = {}
         errors: dict[str, str] = {}
         for name, n, scheduler in VARIANTS:
+            if variants and name not in variants:
+                continue
             config = (
-                ChunkConfig((PATTERN,), num_chunks=n, schedule_overlap=scheduler is not None)
+                ChunkConfig(
+                    (PATTERN,),
+                    num_chunks=n,
+                    schedule_overlap=scheduler is not None,
+                    place_fsdp_collectives=scheduler != "ours-no-placement",
+                )
                 if n > 1
                 else None
             )
@@ -188,6 +204,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
                 torchtitan_schedule if scheduler == "torchtitan" else ours
             )
             cost.LATENCY_S = 500e-6 if scheduler == "ours-500us" else latency
+            order.DRAIN_FILLER_FIRST = scheduler != "ours-old-drain"
             fn = torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))
             try:
                 fn(*batch).backward()  # compiles forward and backward
@@ -197,6 +214,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
             finally:
                 ap_epchunk.schedule_chunk_overlap = ours  # type: ignore[attr-defined]
                 cost.LATENCY_S = latency
+                order.DRAIN_FILLER_FIRST = True
             for _, p in params:
                 p.grad = None
         times: dict[str, list[float]] = {name: [] for name in compiled}
@@ -314,14 +332,16 @@ def _inductor_rank(
     return out
 
 
-def run(models: list[str], rounds: int, steps: int) -> dict[str, Any]:
+def run(
+    models: list[str], rounds: int, steps: int, variants: list[str] | None = None
+) -> dict[str, Any]:
     from ap_backend.demo import spawn_ranks
 
     root = str(Path(__file__).resolve().parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
     start = time.perf_counter()
-    per_rank = spawn_ranks(_rank, 2, models, rounds, steps, timeout_s=3000.0)
+    per_rank = spawn_ranks(_rank, 2, models, rounds, steps, variants or [], timeout_s=3000.0)
     result: dict[str, Any] = {
         "rounds": rounds,
         "steps": steps,
@@ -359,7 +379,8 @@ def markdown(result: dict[str, Any]) -> str:
     for model, m in result["models"].items():
         for name, _, _ in VARIANTS:
             if name not in m["step_ms"]:
-                lines.append(f"| {model} | {name} | - | - | - | {m['errors'].get(name, '-')} |")
+                if name in m["errors"]:  # a variant not asked for has neither
+                    lines.append(f"| {model} | {name} | - | - | - | {m['errors'][name]} |")
                 continue
             base = name.split(" ")[0].rstrip(",")
             ref = m["exposed_ms"].get(base)
@@ -376,7 +397,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for model, m in result["models"].items():
         per = m.get("per_exchange_ms") or []
-        for name in ("N=2", "N=2 ours", "N=2 ours, 500 us", "N=2 torchtitan"):
+        for name in [v for v, n, _ in VARIANTS if n == 2]:
             if len(per) < 2 or name not in per[0]:
                 continue
             cells = [
@@ -392,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="semicolon-separated variant names to run (default: all; names hold commas); "
+        "e.g. 'N=2;N=2 ours;N=2 torchtitan'",
+    )
     parser.add_argument(
         "--inductor-config",
         action="append",
@@ -417,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
         ranks = spawn_ranks(_inductor_rank, 2, model, 2, settings, timeout_s=3000.0)
         print(json.dumps(ranks[0]))
         return 0
-    result = run(args.models.split(","), args.rounds, args.steps)
+    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
+    unknown = sorted(set(variants) - {v for v, _, _ in VARIANTS})
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {[v for v, _, _ in VARIANTS]}")
+    result = run(args.models.split(","), args.rounds, args.steps, variants)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(markdown(result))

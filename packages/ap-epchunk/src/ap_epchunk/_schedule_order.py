@@ -50,6 +50,9 @@ from ._schedule_regions import ChunkedRegion, ancestors_within, chunk_of, launch
 
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
 
+#: the drain rule (module doc); ``benchmarks.ep_overlap`` switches it off for its A/B
+DRAIN_FILLER_FIRST = True
+
 
 def chunk_rank(region: ChunkedRegion) -> dict[int, int]:
     """The position of each chunk in the pipeline (forward ascending, backward descending)."""
@@ -158,7 +161,8 @@ def pipeline_order(window: Sequence[torch.fx.Node], region: ChunkedRegion) -> li
                 return heapq.heappop(queue)[1]
         if wait_q:
             launch = launch_of(by_pos[wait_q[0][1]])
-            if not fill_q or (unlaunched[0] and clock.done(launch)):
+            draining = DRAIN_FILLER_FIRST and not unlaunched[0]
+            if not fill_q or (not draining and clock.done(launch)):
                 return heapq.heappop(wait_q)[1]
         return heapq.heappop(fill_q)[1]
 
