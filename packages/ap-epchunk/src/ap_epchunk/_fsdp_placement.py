@@ -24,7 +24,10 @@ launched before it and waited inside or after it):
 The *dense stretch* before (after) the span is the run of nodes next to it that are not a
 collective or a wait, not part of another chunked region, of the region's direction, and keep
 no order (mutations, random ops): other collectives keep their relative order, and nothing
-crosses into another region or between forward and backward.
+crosses into another region or between forward and backward. The cost: a hoisted all-gather's
+full weight lives through that stretch (as with FSDP's backward prefetch of the next layer).
+On the EP zoo models the stretch before a MoE layer's backward span is the rest of the next
+block's backward, back to that block's own re-gathers.
 
 What counts as FSDP (the rules torch's own FSDP bucketing uses, ``fx_passes/fsdp.py``): an
 all-gather whose input derives from exactly one placeholder (a parameter shard, through casts),
