@@ -26,8 +26,8 @@ collective or a wait, not part of another chunked region, of the region's direct
 no order (mutations, random ops): other collectives keep their relative order, and nothing
 crosses into another region or between forward and backward. The cost: a hoisted all-gather's
 full weight lives through that stretch (as with FSDP's backward prefetch of the next layer).
-On the EP zoo models the stretch before a MoE layer's backward span is the rest of the next
-block's backward, back to that block's own re-gathers.
+On the EP zoo models the stretch before a MoE layer's backward span is the backward work
+since the previous collective (the re-gathers of the attention or output layer after it).
 
 What counts as FSDP (the rules torch's own FSDP bucketing uses, ``fx_passes/fsdp.py``): an
 all-gather whose input derives from exactly one placeholder (a parameter shard, through casts),
