@@ -121,7 +121,7 @@ def _fx_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> A
     return run
 
 
-def torchtitan_schedule(gm: torch.fx.GraphModule) -> Any:
+def torchtitan_schedule(gm: torch.fx.GraphModule, **_: Any) -> Any:
     """torchtitan's ``ep_overlap_schedule_pass`` on our chunked joint graph (N=2): our chunk
     metadata translated to the keys its ``collect_chunked_regions`` reads, the float exchanges
     of each chunk labelled ``dispatch`` / ``combine`` in order (the int64 count exchange is not
