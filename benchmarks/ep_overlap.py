@@ -17,6 +17,7 @@ same process, so they interleave):
   (the backward's FSDP re-gathers left where the pipeline puts them, inside the span);
 * ``N=2 ours, old drain``: ours without the drain rule (``ap_epchunk._schedule_order.
   DRAIN_FILLER_FIRST = False``: waits before filler in the drain when estimated done);
+* ``N=2 ours, neither``: both of the above off (the scheduler as issue 24 first measured it);
 * ``N=2 torchtitan``: chunked, then torchtitan 0.3.0's ``ep_overlap_schedule_pass`` (two chunks
   only) on the same joint graph instead of ours, its metadata (``chunked_region_role``,
   ``chunk_id``, ``EP_token_exchange`` labels on the token exchanges) translated from ours.
@@ -61,6 +62,7 @@ VARIANTS: tuple[tuple[str, int, str | None], ...] = (
     ("N=2 ours, 500 us", 2, "ours-500us"),
     ("N=2 ours, no FSDP placement", 2, "ours-no-placement"),
     ("N=2 ours, old drain", 2, "ours-old-drain"),
+    ("N=2 ours, neither", 2, "ours-neither"),
     ("N=4", 4, None),
     ("N=4 ours", 4, "ours"),
 )
@@ -209,7 +211,7 @@ def _rank(
                     (PATTERN,),
                     num_chunks=n,
                     schedule_overlap=scheduler is not None,
-                    place_fsdp_collectives=scheduler != "ours-no-placement",
+                    place_fsdp_collectives=scheduler not in ("ours-no-placement", "ours-neither"),
                 )
                 if n > 1
                 else None
@@ -218,7 +220,7 @@ def _rank(
                 torchtitan_schedule if scheduler == "torchtitan" else ours
             )
             cost.LATENCY_S = 500e-6 if scheduler == "ours-500us" else latency
-            order.DRAIN_FILLER_FIRST = scheduler != "ours-old-drain"
+            order.DRAIN_FILLER_FIRST = scheduler not in ("ours-old-drain", "ours-neither")
             fn = torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))
             try:
                 fn(*batch).backward()  # compiles forward and backward
