@@ -117,7 +117,7 @@ def _fx_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> A
     backward = bool(kwargs.get("is_backward", False))
     seen: dict[tuple[Any, Any], int] = {}
     for node in gm.graph.nodes:
-        if "wait_tensor" in str(node.target):
+        if node.op == "call_function" and "wait_tensor" in str(node.target):
             launch = next((a for a in node.all_input_nodes if _is_a2a(a)), None)
             if launch is None:
                 node.target = _timed_other_wait
