@@ -13,6 +13,11 @@ same process, so they interleave):
 * ``N=2 ours`` / ``N=4 ours``: chunked + ``schedule_chunk_overlap`` (the default);
 * ``N=2 ours, 500 us``: ours with the cost model's collective latency at 500 us instead of
   50 us (an A/B of that one constant, ``ap_epchunk._schedule_cost.LATENCY_S``);
+* ``N=2 ours, no FSDP placement``: ours with ``ChunkConfig(place_fsdp_collectives=False)``
+  (the backward's FSDP re-gathers left where the pipeline puts them, inside the span);
+* ``N=2 ours, old drain``: ours without the drain rule (``ap_epchunk._schedule_order.
+  DRAIN_FILLER_FIRST = False``: waits before filler in the drain when estimated done);
+* ``N=2 ours, neither``: both of the above off (the scheduler as issue 24 first measured it);
 * ``N=2 torchtitan``: chunked, then torchtitan 0.3.0's ``ep_overlap_schedule_pass`` (two chunks
   only) on the same joint graph instead of ours, its metadata (``chunked_region_role``,
   ``chunk_id``, ``EP_token_exchange`` labels on the token exchanges) translated from ours.
@@ -21,7 +26,9 @@ The partitioned graphs run as FX graphs (no Inductor codegen): what runs is the 
 schedule produced (Inductor's own scheduler may reorder; see ``ap_epchunk._schedule``). Every
 ``wait_tensor`` on an ``all_to_all_single`` is replaced by a timing wrapper around the same op:
 *exposed all-to-all time* is the time a rank spends inside those waits. gloo runs collectives on
-its own threads, so a wait that finds its exchange finished costs ~nothing.
+its own threads, so a wait that finds its exchange finished costs ~nothing. *Other waits* is the
+same for every other collective's wait (the FSDP all-gathers and reduce-scatters): what placing
+them outside the exchanges' spans trades against.
 
 Measurement: ``rounds`` rounds, each running every variant for ``steps`` forward+backward steps
 (a ``dist.barrier()`` before each step; no optimizer step), variants interleaved; per variant
@@ -53,11 +60,16 @@ VARIANTS: tuple[tuple[str, int, str | None], ...] = (
     ("N=2 ours", 2, "ours"),
     ("N=2 torchtitan", 2, "torchtitan"),
     ("N=2 ours, 500 us", 2, "ours-500us"),
+    ("N=2 ours, no FSDP placement", 2, "ours-no-placement"),
+    ("N=2 ours, old drain", 2, "ours-old-drain"),
+    ("N=2 ours, neither", 2, "ours-neither"),
     ("N=4", 4, None),
     ("N=4 ours", 4, "ours"),
 )
 
 _EXPOSED = [0.0]
+#: seconds inside the waits of every other collective (FSDP all-gathers, reduce-scatters)
+_EXPOSED_OTHER = [0.0]
 #: per exchange (see :func:`_exchange_key`): seconds inside its wait, summed over timed steps
 _BY_EXCHANGE: dict[str, float] = {}
 _TIMING = [False]
@@ -79,6 +91,15 @@ def _timed_wait(key: str) -> Any:
     return wait
 
 
+def _timed_other_wait(x: torch.Tensor) -> torch.Tensor:
+    """``wait_tensor`` of any other collective, timed (FSDP's exposed time: what placing the
+    FSDP collectives outside the exchanges' spans trades against)."""
+    start = time.perf_counter()
+    out: torch.Tensor = torch.ops._c10d_functional.wait_tensor.default(x)
+    _EXPOSED_OTHER[0] += time.perf_counter() - start
+    return out
+
+
 def _is_a2a(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and "all_to_all_single" in str(node.target)
 
@@ -96,9 +117,10 @@ def _fx_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> A
     backward = bool(kwargs.get("is_backward", False))
     seen: dict[tuple[Any, Any], int] = {}
     for node in gm.graph.nodes:
-        if "wait_tensor" in str(node.target):
+        if node.op == "call_function" and "wait_tensor" in str(node.target):
             launch = next((a for a in node.all_input_nodes if _is_a2a(a)), None)
             if launch is None:
+                node.target = _timed_other_wait
                 continue
             custom = launch.meta.get("custom") or {}
             slot = (custom.get("ap_chunk_region"), custom.get("ap_chunk_index"))
@@ -115,7 +137,7 @@ def _fx_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> A
     return run
 
 
-def torchtitan_schedule(gm: torch.fx.GraphModule) -> Any:
+def torchtitan_schedule(gm: torch.fx.GraphModule, **_: Any) -> Any:
     """torchtitan's ``ep_overlap_schedule_pass`` on our chunked joint graph (N=2): our chunk
     metadata translated to the keys its ``collect_chunked_regions`` reads, the float exchanges
     of each chunk labelled ``dispatch`` / ``combine`` in order (the int64 count exchange is not
@@ -144,7 +166,9 @@ def torchtitan_schedule(gm: torch.fx.GraphModule) -> Any:
     return ScheduleReport()
 
 
-def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> dict[str, Any]:
+def _rank(
+    rank: int, world: int, models: list[str], rounds: int, steps: int, variants: list[str]
+) -> dict[str, Any]:
     import ap_epchunk
     import torch._inductor.compile_fx as cfx
     import torch.distributed as dist
@@ -161,6 +185,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
     cpu_expert_parallel()
     cfx.compile_fx_inner = _fx_inner  # type: ignore[assignment]
     import ap_epchunk._schedule_cost as cost
+    import ap_epchunk._schedule_order as order
 
     ours = ap_epchunk.schedule_chunk_overlap
     latency = cost.LATENCY_S
@@ -179,8 +204,15 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
         compiled: dict[str, Any] = {}
         errors: dict[str, str] = {}
         for name, n, scheduler in VARIANTS:
+            if variants and name not in variants:
+                continue
             config = (
-                ChunkConfig((PATTERN,), num_chunks=n, schedule_overlap=scheduler is not None)
+                ChunkConfig(
+                    (PATTERN,),
+                    num_chunks=n,
+                    schedule_overlap=scheduler is not None,
+                    place_fsdp_collectives=scheduler not in ("ours-no-placement", "ours-neither"),
+                )
                 if n > 1
                 else None
             )
@@ -188,6 +220,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
                 torchtitan_schedule if scheduler == "torchtitan" else ours
             )
             cost.LATENCY_S = 500e-6 if scheduler == "ours-500us" else latency
+            order.DRAIN_FILLER_FIRST = scheduler not in ("ours-old-drain", "ours-neither")
             fn = torch.compile(pm, backend=autoparallel_backend(ep_chunk=config))
             try:
                 fn(*batch).backward()  # compiles forward and backward
@@ -197,10 +230,12 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
             finally:
                 ap_epchunk.schedule_chunk_overlap = ours  # type: ignore[attr-defined]
                 cost.LATENCY_S = latency
+                order.DRAIN_FILLER_FIRST = True
             for _, p in params:
                 p.grad = None
         times: dict[str, list[float]] = {name: [] for name in compiled}
         exposed: dict[str, list[float]] = {name: [] for name in compiled}
+        other: dict[str, list[float]] = {name: [] for name in compiled}
         per_exchange: dict[str, dict[str, float]] = {name: {} for name in compiled}
         for _ in range(rounds):
             out["load"].append(os.getloadavg()[0])
@@ -209,11 +244,12 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
                 _TIMING[0] = True
                 for _ in range(steps):
                     dist.barrier()
-                    _EXPOSED[0] = 0.0
+                    _EXPOSED[0] = _EXPOSED_OTHER[0] = 0.0
                     start = time.perf_counter()
                     fn(*batch).backward()
                     times[name].append(time.perf_counter() - start)
                     exposed[name].append(_EXPOSED[0])
+                    other[name].append(_EXPOSED_OTHER[0])
                     for _, p in params:
                         p.grad = None
                 _TIMING[0] = False
@@ -227,6 +263,7 @@ def _rank(rank: int, world: int, models: list[str], rounds: int, steps: int) -> 
             },
             "step_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
             "exposed_ms": {k: 1e3 * statistics.median(v) for k, v in exposed.items()},
+            "other_wait_ms": {k: 1e3 * statistics.median(v) for k, v in other.items()},
             "errors": errors,
         }
         torch._dynamo.reset()
@@ -314,14 +351,16 @@ def _inductor_rank(
     return out
 
 
-def run(models: list[str], rounds: int, steps: int) -> dict[str, Any]:
+def run(
+    models: list[str], rounds: int, steps: int, variants: list[str] | None = None
+) -> dict[str, Any]:
     from ap_backend.demo import spawn_ranks
 
     root = str(Path(__file__).resolve().parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
     start = time.perf_counter()
-    per_rank = spawn_ranks(_rank, 2, models, rounds, steps, timeout_s=3000.0)
+    per_rank = spawn_ranks(_rank, 2, models, rounds, steps, variants or [], timeout_s=3000.0)
     result: dict[str, Any] = {
         "rounds": rounds,
         "steps": steps,
@@ -338,6 +377,9 @@ def run(models: list[str], rounds: int, steps: int) -> dict[str, Any]:
         result["models"][model] = {
             "step_ms": {v: statistics.mean(r["step_ms"][v] for r in ranks) for v in variants},
             "exposed_ms": {v: statistics.mean(r["exposed_ms"][v] for r in ranks) for v in variants},
+            "other_wait_ms": {
+                v: statistics.mean(r["other_wait_ms"][v] for r in ranks) for v in variants
+            },
             "errors": ranks[0]["errors"],
             "per_exchange_ms": [r["per_exchange_ms"] for r in ranks],
         }
@@ -353,13 +395,14 @@ def markdown(result: dict[str, Any]) -> str:
         "Medians per rank, mean of the 2 ranks; partitioned graphs run as FX.",
         "",
         "| model | variant | step ms | exposed a2a ms | exposed / N=same unscheduled | "
-        "hidden vs unscheduled |",
-        "|---|---|---:|---:|---:|---:|",
+        "hidden vs unscheduled | other waits ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for model, m in result["models"].items():
         for name, _, _ in VARIANTS:
             if name not in m["step_ms"]:
-                lines.append(f"| {model} | {name} | - | - | - | {m['errors'].get(name, '-')} |")
+                if name in m["errors"]:  # a variant not asked for has neither
+                    lines.append(f"| {model} | {name} | - | - | - | {m['errors'][name]} | - |")
                 continue
             base = name.split(" ")[0].rstrip(",")
             ref = m["exposed_ms"].get(base)
@@ -367,7 +410,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {model} | {name} | {m['step_ms'][name]:.1f} | {m['exposed_ms'][name]:.2f} | "
                 f"{'-' if ratio is None else f'{ratio:.2f}'} | "
-                f"{'-' if ratio is None else f'{100 * (1 - ratio):.0f} %'} |"
+                f"{'-' if ratio is None else f'{100 * (1 - ratio):.0f} %'} | "
+                f"{m.get('other_wait_ms', {}).get(name, float('nan')):.2f} |"
             )
     lines += [
         "",
@@ -376,7 +420,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for model, m in result["models"].items():
         per = m.get("per_exchange_ms") or []
-        for name in ("N=2", "N=2 ours", "N=2 ours, 500 us", "N=2 torchtitan"):
+        for name in [v for v, n, _ in VARIANTS if n == 2]:
             if len(per) < 2 or name not in per[0]:
                 continue
             cells = [
@@ -392,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="semicolon-separated variant names to run (default: all; names hold commas); "
+        "e.g. 'N=2;N=2 ours;N=2 torchtitan'",
+    )
     parser.add_argument(
         "--inductor-config",
         action="append",
@@ -417,7 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         ranks = spawn_ranks(_inductor_rank, 2, model, 2, settings, timeout_s=3000.0)
         print(json.dumps(ranks[0]))
         return 0
-    result = run(args.models.split(","), args.rounds, args.steps)
+    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
+    unknown = sorted(set(variants) - {v for v, _, _ in VARIANTS})
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {[v for v, _, _ in VARIANTS]}")
+    result = run(args.models.split(","), args.rounds, args.steps, variants)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(markdown(result))

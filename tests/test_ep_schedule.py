@@ -12,7 +12,10 @@ is scheduled (``schedule_chunk_overlap`` on a copy) and run again on the first c
 (every output ``torch.equal``); *through the backend*, the same step compiled with
 ``ChunkConfig(schedule_overlap=False)`` and ``True`` (scheduled on the joint graph, before
 partitioning) gives ``torch.equal`` losses and gradients, and the scheduled partitioned graphs
-leave fewer exchanges exposed (the partitioner kept the order).
+leave fewer exchanges exposed (the partitioner kept the order). The FSDP placement
+(``place_fsdp_collectives``, on in every scheduled graph) moved the backward's re-gathers of the
+MoE layers' weights out of the region spans: no FSDP collective is launched or waited on while
+an exchange is in flight.
 
 By default one case runs (Qwen3-MoE, N=2, graph level: one compile, 90 s at load ~10 on the
 2-core machine, less idle); ``AP_EP_SCHEDULE_CASES=all`` runs every EP zoo model x N in {2, 4}
@@ -55,6 +58,28 @@ def exposed_exchanges(graph: torch.fx.Graph) -> tuple[int, int]:
         end = pos[wait] if wait is not None else len(nodes)
         exposed += not any(is_compute(n) for n in nodes[pos[x] + 1 : end])
     return len(launches), exposed
+
+
+def fsdp_under_exchanges(graph: torch.fx.Graph) -> int:
+    """FSDP collectives (``ap_epchunk._fsdp_placement.is_fsdp_collective``) launched or waited
+    on while a token exchange is in flight (between an ``all_to_all_single`` and its wait)."""
+    from ap_epchunk._fsdp_placement import is_fsdp_collective
+    from ap_epchunk._schedule_regions import first_wait, launch_of
+    from ap_tags.graph import is_wait
+
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    fsdp = [
+        i
+        for i, n in enumerate(nodes)
+        if is_fsdp_collective(n) or (is_wait(n) and (x := launch_of(n)) and is_fsdp_collective(x))
+    ]
+    spans = [
+        (pos[x], pos[w] if (w := first_wait(x)) is not None else len(nodes))
+        for x in nodes
+        if _is_a2a(x)
+    ]
+    return sum(1 for i in fsdp if any(lo < i < hi for lo, hi in spans))
 
 
 def _clone(args: list[Any]) -> list[Any]:
@@ -164,6 +189,16 @@ def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dic
             row[f"graph_{where}"] = (before, after)
             if before[0] != after[0] or not after[1] < before[1]:
                 row["problems"].append(f"{where}: exposed exchanges {before} -> {after}")
+            # the backward re-gathers the MoE layers' router / shared-expert weights inside the
+            # region's span: placed before it, none is in flight with an exchange
+            moved = sum(r.fsdp_moved for r in report.regions)
+            row[f"graph_{where}_fsdp"] = (moved, fsdp_under_exchanges(copy.graph))
+            if bw and not moved:
+                row["problems"].append(f"{where}: no FSDP collective moved: {report.regions}")
+            if row[f"graph_{where}_fsdp"][1]:
+                row["problems"].append(
+                    f"{where}: FSDP collectives under exchanges (moved, left): {row[f'graph_{where}_fsdp']}"
+                )
         if runs[False][3]:
             row["problems"].append(f"schedule_overlap=False scheduled {runs[False][3]}")
         if through_backend:
@@ -175,11 +210,15 @@ def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dic
                 row["problems"].append("backend: scheduled loss / grads differ from unscheduled")
             if not reports or any(r.reason is not None or not r.exchanges_paired for r in reports):
                 row["problems"].append(f"backend: regions not scheduled: {reports}")
+            if not any(r.fsdp_moved for r in reports if r.backward):
+                row["problems"].append(f"backend: no FSDP collective moved: {reports}")
             for (bw, off, _), (_, on, _) in zip(graphs_off, graphs_on, strict=True):
                 before, after = exposed_exchanges(off.graph), exposed_exchanges(on.graph)
                 row[f"backend_{'bw' if bw else 'fw'}"] = (before, after)
                 if before[0] != after[0] or not after[1] < before[1]:
                     row["problems"].append(f"backend: exposed exchanges {before} -> {after}")
+                if fsdp_under_exchanges(on.graph):
+                    row["problems"].append(f"backend: FSDP collectives under exchanges ({bw=})")
         rows.append(row)
     torch._dynamo.reset()
     return rows

@@ -172,3 +172,23 @@ def test_bad_arguments_name_the_argument() -> None:
     with pytest.raises(TypeError, match="strict"):
         schedule_chunk_overlap(gm, strict=1)  # type: ignore[arg-type]
     assert schedule_chunk_overlap(gm).regions == []  # nothing chunked: nothing to do
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_drain_runs_ready_filler_before_the_last_waits(
+    fake_graph: Any, backward: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once every exchange is launched, work that needs none (the shared expert) goes before
+    the combines' waits even where the cost model says every exchange is done (here: always):
+    nothing after the waits could hide them."""
+    from ap_epchunk._schedule_cost import Clock
+
+    monkeypatch.setattr(Clock, "done", lambda self, launch: True)
+    gm = _moe_like(fake_graph, backward=backward)
+    chunk_pass(gm, ChunkConfig(("layers.*.moe",), num_chunks=2))
+    schedule_chunk_overlap(gm)
+    pos = _order(gm)
+    first_wait = min(pos[f"wait_tensor_default_1_chunk{c}"] for c in range(2))
+    last_launch = max(pos[f"all_to_all_single_default_1_chunk{c}"] for c in range(2))
+    shared = [pos[f"mm_default_1_chunk{c}"] for c in range(2)]
+    assert all(last_launch < s < first_wait for s in shared), (shared, last_launch, first_wait)

@@ -171,7 +171,9 @@ class AutoParallelBackend:
             if config.schedule_overlap:
                 # after concretization (static sizes) and before partitioning: the partitioner
                 # and its autograd-order epilogue keep this order (ap_epchunk._schedule)
-                schedule = ap_epchunk.schedule_chunk_overlap(gm)
+                schedule = ap_epchunk.schedule_chunk_overlap(
+                    gm, place_fsdp_collectives=config.place_fsdp_collectives
+                )
                 self.schedule_reports.append(schedule)
                 emit_json("ap_chunk_schedule", schedule)
             if config.exchange_lane:
@@ -257,7 +259,9 @@ def autoparallel_backend(
     * ``ep_chunk``: an ``ap_epchunk.ChunkConfig``; chunks the selected regions of the joint graph
       and concretizes the chunk symbols before partitioning, then (``schedule_overlap``, on by
       default) pipelines each chunked region so one chunk's token exchange runs under another
-      chunk's compute (``ap_epchunk.schedule_chunk_overlap``), and (``exchange_lane``, on by
+      chunk's compute (``ap_epchunk.schedule_chunk_overlap``; with ``place_fsdp_collectives``,
+      on by default, the FSDP all-gathers / reduce-scatters in flight inside a region's span
+      first move to the dense stretch around it), and (``exchange_lane``, on by
       default) moves exchanges that share a process group with FSDP collectives to a group of
       their own (``ap_epchunk.exchange_lane``).
     * ``partitioner``: ``None``/``"save_all"`` (replay the first compile's saves), ``"min_cut"``,

@@ -55,6 +55,11 @@ class ChunkConfig:
       process group with another collective (FSDP all-gathers, reduce-scatters) onto a group
       of their own with the same ranks (:func:`ap_epchunk.exchange_lane`), so a parameter
       all-gather never queues behind a token exchange. On by default (same ranks, same values).
+    * ``place_fsdp_collectives``: read by the backend with ``schedule_overlap``: before
+      pipelining, move the FSDP all-gathers / reduce-scatters in flight inside a chunked
+      region's span to the dense stretch around it, so they never compete with its exchanges
+      (``schedule_chunk_overlap(place_fsdp_collectives=...)``; reported per region as
+      ``fsdp_moved`` / ``fsdp_left``). On by default: it only reorders along dependencies.
     """
 
     module_patterns: tuple[str, ...] = ()
@@ -64,6 +69,7 @@ class ChunkConfig:
     chunk_inputs: tuple[str, ...] = ()
     schedule_overlap: bool = True
     exchange_lane: bool = True
+    place_fsdp_collectives: bool = True
 
     def __post_init__(self) -> None:
         patterns = _names(self.module_patterns, "module_patterns", "fnmatch patterns")
@@ -75,6 +81,7 @@ class ChunkConfig:
         require_bool(self.early_grad_accumulation, where=_WHERE, arg="early_grad_accumulation")
         require_bool(self.schedule_overlap, where=_WHERE, arg="schedule_overlap")
         require_bool(self.exchange_lane, where=_WHERE, arg="exchange_lane")
+        require_bool(self.place_fsdp_collectives, where=_WHERE, arg="place_fsdp_collectives")
         object.__setattr__(
             self, "chunk_inputs", _names(self.chunk_inputs, "chunk_inputs", "placeholder names")
         )

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch.fx
 from ap_tags.checks import require_bool, require_graph_module
 
+from ._fsdp_placement import RegionPlacement, place_fsdp_collectives_of
 from ._schedule_order import pipeline_order
 from ._schedule_regions import (
     ChunkedRegion,
@@ -63,7 +64,10 @@ class RegionSchedule:
       not between any before;
     * ``exposed_before`` / ``exposed_after``: exchanges with no compute node between launch and
       wait, before and after scheduling;
-    * ``reason``: why the region was left unscheduled (None when scheduled).
+    * ``reason``: why the region was left unscheduled (None when scheduled);
+    * ``fsdp_moved``: FSDP all-gathers / reduce-scatters that were in flight inside the region's
+      span and now sit in the dense stretch around it (``place_fsdp_collectives``);
+    * ``fsdp_left``: ``"name: reason"`` of those a dependency kept inside.
     """
 
     root: str
@@ -74,6 +78,8 @@ class RegionSchedule:
     exposed_before: int = 0
     exposed_after: int = 0
     reason: str | None = None
+    fsdp_moved: int = 0
+    fsdp_left: tuple[str, ...] = ()
 
 
 @dataclass
@@ -127,30 +133,75 @@ def _move(window: list[torch.fx.Node], order: list[torch.fx.Node]) -> None:
         anchor = node
 
 
-def schedule_chunk_overlap(gm: torch.fx.GraphModule, *, strict: bool = False) -> ScheduleReport:
+def _place_all(graph: torch.fx.Graph) -> dict[tuple[str, bool], RegionPlacement]:
+    """FSDP collectives out of every span with exchanges, region by region, before any
+    region is scheduled (:mod:`ap_epchunk._fsdp_placement`)."""
+    placed: dict[tuple[str, bool], RegionPlacement] = {}
+    for region in chunked_regions(graph):
+        if _launches(region):
+            placed[(region.root, region.backward)] = place_fsdp_collectives_of(graph, region)
+    return placed
+
+
+def schedule_chunk_overlap(
+    gm: torch.fx.GraphModule, *, strict: bool = False, place_fsdp_collectives: bool = True
+) -> ScheduleReport:
     """Reorder every chunked region of ``gm`` into a pipeline of its N chunks (module doc).
 
-    ``strict=True`` raises ``ValueError`` naming the region and the reason instead of leaving a
-    region that breaks the contract unscheduled (the graph is then unchanged).
+    ``place_fsdp_collectives`` (default on): first move the FSDP all-gathers and
+    reduce-scatters in flight inside a region's span to the dense stretch around it
+    (:mod:`ap_epchunk._fsdp_placement`), so they do not compete with its exchanges; per region
+    ``fsdp_moved`` / ``fsdp_left`` report it. ``strict=True`` raises ``ValueError`` naming the
+    region and the reason instead of leaving a region that breaks the contract unscheduled
+    (the graph is then unchanged).
     """
     require_graph_module(gm, where="schedule_chunk_overlap")
     require_bool(strict, where="schedule_chunk_overlap", arg="strict")
+    require_bool(
+        place_fsdp_collectives, where="schedule_chunk_overlap", arg="place_fsdp_collectives"
+    )
     graph = gm.graph
     original = list(graph.nodes)
+    try:
+        placed = _place_all(graph) if place_fsdp_collectives else {}
+        report, plans = _plan_regions(graph, placed, strict)
+        for window, order in plans:
+            _move(window, order)
+        graph.lint()
+    except Exception:
+        _move(list(graph.nodes), original)
+        raise
+    gm.recompile()
+    log.info(
+        "schedule_chunk_overlap: %d regions scheduled, %d left unscheduled, %d FSDP collectives "
+        "moved out of region spans",
+        len(report.scheduled),
+        len(report.refused),
+        sum(r.fsdp_moved for r in report.regions),
+    )
+    return report
+
+
+def _plan_regions(
+    graph: torch.fx.Graph, placed: dict[tuple[str, bool], RegionPlacement], strict: bool
+) -> tuple[ScheduleReport, list[tuple[list[torch.fx.Node], list[torch.fx.Node]]]]:
+    """The report and, per region that meets the contract, ``(window, its pipelined order)``."""
     report = ScheduleReport()
     plans: list[tuple[list[torch.fx.Node], list[torch.fx.Node]]] = []
     for region in chunked_regions(graph):
         n = len(region.chunks)
-        window = _window(region, graph)
         launches = _launches(region)
-        before = _hiding(window, launches)
-        exposed_before = sum(1 for x in launches if not before[x])
         if not launches:
             # nothing to overlap (e.g. a forward region a backward graph recomputes)
             log.debug(
                 "schedule_chunk_overlap: %s (%s) has no exchange", region.root, region.direction
             )
             continue
+        placement = placed.get((region.root, region.backward), RegionPlacement())
+        fsdp_moved, fsdp_left = len(placement.moved), tuple(placement.left)
+        window = _window(region, graph)
+        before = _hiding(window, launches)
+        exposed_before = sum(1 for x in launches if not before[x])
         reason = contract_violation(region, set(window))
         order: list[torch.fx.Node] = []
         if reason is None:
@@ -178,6 +229,8 @@ def schedule_chunk_overlap(gm: torch.fx.GraphModule, *, strict: bool = False) ->
                     exposed_before=exposed_before,
                     exposed_after=exposed_before,
                     reason=reason,
+                    fsdp_moved=fsdp_moved,
+                    fsdp_left=fsdp_left,
                 )
             )
             continue
@@ -193,20 +246,9 @@ def schedule_chunk_overlap(gm: torch.fx.GraphModule, *, strict: bool = False) ->
                 filler_moved=len(moved),
                 exposed_before=exposed_before,
                 exposed_after=sum(1 for x in launches if not after[x]),
+                fsdp_moved=fsdp_moved,
+                fsdp_left=fsdp_left,
             )
         )
         plans.append((window, order))
-    try:
-        for window, order in plans:
-            _move(window, order)
-        graph.lint()
-    except Exception:
-        _move(list(graph.nodes), original)
-        raise
-    gm.recompile()
-    log.info(
-        "schedule_chunk_overlap: %d regions scheduled, %d left unscheduled",
-        len(report.scheduled),
-        len(report.refused),
-    )
-    return report
+    return report, plans

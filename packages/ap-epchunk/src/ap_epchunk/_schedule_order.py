@@ -15,10 +15,19 @@ Which ready node goes next (why):
    ``0 .. N-1``; backward: ``N-1 .. 0``, the order the autograd engine runs chunk backwards and
    the chunk pass sums their gradient partials in), then the original order;
 3. otherwise the oldest in-flight launch's wait, if that exchange is estimated to be done
-   (:mod:`ap_epchunk._schedule_cost`: a clock advanced by each emitted node's estimated cost);
+   (:mod:`ap_epchunk._schedule_cost`: a clock advanced by each emitted node's estimated cost)
+   and an exchange of the region is still to be launched;
 4. otherwise other ready work (*filler*: a shared expert, the tail of an earlier chunk), in the
    same order as 2 -- it runs while the exchange is still in flight;
 5. otherwise that wait.
+
+Rule 3 holds a wait back only while the pipeline fills and runs. In the *drain* (every exchange
+of the region launched) nothing emitted later can hide the exchanges still in flight, so ready
+filler always goes before a wait, whatever the estimate says: a wait emitted later than
+necessary costs nothing (its dependents are emitted after it anyway), while filler emitted after
+the last waits hides nothing. Measured on DeepSeek-V3 (one MoE layer, N=2), where the shared
+experts and the router's tail otherwise ran after the first combine's wait
+(``benchmarks/RESULTS.md``, issue 24).
 
 For N chunks this is a pipeline: chunk ``c`` computes the stage after exchange ``k`` while the
 exchanges ``k`` of chunks ``c+1 .. N-1`` are in flight, in forward and in backward alike, and
@@ -41,6 +50,9 @@ from ._schedule_regions import ChunkedRegion, ancestors_within, chunk_of, launch
 
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
 
+#: the drain rule (module doc); ``benchmarks.ep_overlap`` switches it off for its A/B
+DRAIN_FILLER_FIRST = True
+
 
 def chunk_rank(region: ChunkedRegion) -> dict[int, int]:
     """The position of each chunk in the pipeline (forward ascending, backward descending)."""
@@ -49,7 +61,7 @@ def chunk_rank(region: ChunkedRegion) -> dict[int, int]:
     return {c: r for r, c in enumerate(ordered)}
 
 
-def _keeps_order(node: torch.fx.Node) -> bool:
+def keeps_order(node: torch.fx.Node) -> bool:
     """Reordering two of these could change a value: a mutation, or a random op (which draws
     from the generator's state in call order)."""
     if node.op != "call_function":
@@ -67,7 +79,7 @@ def order_edges(window: Sequence[torch.fx.Node]) -> dict[torch.fx.Node, set[torc
     pos = {n: i for i, n in enumerate(window)}
     previous: torch.fx.Node | None = None
     for node in window:
-        if not _keeps_order(node):
+        if not keeps_order(node):
             continue
         if previous is not None:
             edges.setdefault(node, set()).add(previous)
@@ -140,13 +152,17 @@ def pipeline_order(window: Sequence[torch.fx.Node], region: ChunkedRegion) -> li
         else:
             heapq.heappush(fill_q, (work_key(node), pos[node]))
 
+    #: the region's exchanges not launched yet (0: the pipeline drains)
+    unlaunched = [len(launches)]
+
     def pick() -> int:
         for queue in (launch_q, feed_q):
             if queue:
                 return heapq.heappop(queue)[1]
         if wait_q:
             launch = launch_of(by_pos[wait_q[0][1]])
-            if not fill_q or clock.done(launch):
+            draining = DRAIN_FILLER_FIRST and not unlaunched[0]
+            if not fill_q or (not draining and clock.done(launch)):
                 return heapq.heappop(wait_q)[1]
         return heapq.heappop(fill_q)[1]
 
@@ -158,6 +174,8 @@ def pipeline_order(window: Sequence[torch.fx.Node], region: ChunkedRegion) -> li
         node = by_pos[pick()]
         order.append(node)
         clock.emit(node)
+        if node in launches:
+            unlaunched[0] -= 1
         for s in succs[node]:
             missing[s] -= 1
             if missing[s] == 0:
