@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -51,3 +55,26 @@ def matrix_script() -> ModuleType:
 @pytest.fixture
 def release_script() -> ModuleType:
     return load_script("release")
+
+
+#: ``run_zoo(models, configs, ranks)``: the JSON case records of one ``python -m zoo`` run.
+RunZoo = Callable[[str, str, int], list[dict[str, Any]]]
+
+
+@pytest.fixture
+def run_zoo(tmp_path: Path) -> RunZoo:
+    """Runs the zoo command as a user does (``python -m zoo --models M --configs C --ranks R``,
+    from the root, into ``tmp_path``) and returns its case records; a failed command fails the
+    test with the command's last output."""
+
+    def run(models: str, configs: str, ranks: int) -> list[dict[str, Any]]:
+        out = tmp_path / "zoo.json"
+        cmd = [sys.executable, "-m", "zoo", "--models", models, "--configs", configs]
+        cmd += ["--ranks", str(ranks), "--json", str(out), "--md", str(tmp_path / "zoo.md")]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        if proc.returncode != 0 or not out.exists():
+            pytest.fail(proc.stdout[-2000:] + proc.stderr[-2000:])
+        cases: list[dict[str, Any]] = json.loads(out.read_text())["cases"]
+        return cases
+
+    return run

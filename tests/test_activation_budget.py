@@ -5,11 +5,8 @@ under the floor is one error naming the floor; bad budgets are refused by name."
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import ap_backend
@@ -21,7 +18,6 @@ import torch.nn.functional as F
 
 from zoo.run import BUDGET_CONFIGS, FP32_RTOL, CaseResult, evaluate
 
-ROOT = Path(__file__).resolve().parents[1]
 V = 64
 
 
@@ -192,7 +188,9 @@ def test_the_backend_refuses_bad_budget_options_by_name(
 
 @pytest.mark.slow
 @pytest.mark.multirank
-def test_budgets_at_two_ranks_fit_and_train_like_eager(tmp_path: Path) -> None:
+def test_budgets_at_two_ranks_fit_and_train_like_eager(
+    run_zoo: Callable[[str, str, int], list[dict[str, Any]]],
+) -> None:
     """The same policy where the collectives move data: torchtitan's Llama3 with its parameters
     FSDP-sharded over 2 gloo ranks (rank-dependent batches), at 0 and 1/2 of the first
     partition's saved bytes, as a user runs the zoo (``budget_quarter`` and ``budget_3q`` too
@@ -202,18 +200,8 @@ def test_budgets_at_two_ranks_fit_and_train_like_eager(tmp_path: Path) -> None:
     configs = ["budget_zero", "budget_half"]
     if os.environ.get("AP_BUDGET_CASES") == "all":
         configs += ["budget_quarter", "budget_3q"]
-    out = tmp_path / "zoo.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "zoo", "--models", "tt_llama3", "--configs", ",".join(configs)]
-        + ["--ranks", "2", "--json", str(out), "--md", str(tmp_path / "zoo.md")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if proc.returncode != 0 or not out.exists():
-        pytest.fail(proc.stdout[-2000:] + proc.stderr[-2000:])
-    cases = {c["config"]: CaseResult.from_dict(c) for c in json.loads(out.read_text())["cases"]}
+    records = run_zoo("tt_llama3", ",".join(configs), 2)
+    cases = {c["config"]: CaseResult.from_dict(c) for c in records}
     assert sorted(cases) == sorted(configs)
     for config, res in cases.items():
         assert res.error is None, (config, res.error)

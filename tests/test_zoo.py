@@ -13,8 +13,7 @@ The whole zoo: ``nice -n 10 uv run python -m zoo`` (``zoo/README.md``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -34,8 +33,6 @@ from zoo.run import (
     rel_err,
     run_case,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
 
@@ -357,7 +354,9 @@ def test_wrapper_matches_unwrapped_model_in_eager(gloo: None) -> None:
 
 
 @pytest.mark.multirank
-def test_full_configuration_on_two_ranks_matches_eager(tmp_path: Path) -> None:
+def test_full_configuration_on_two_ranks_matches_eager(
+    run_zoo: Callable[[str, str, int], list[dict[str, Any]]],
+) -> None:
     """The whole zoo command, as a user runs it, on 2 ranks: ``--configs full --ranks 2``.
 
     ``nn.TransformerEncoder`` trained with a wrong ``layers.0.linear2.weight`` gradient here
@@ -365,22 +364,7 @@ def test_full_configuration_on_two_ranks_matches_eager(tmp_path: Path) -> None:
     donated both, and with bucketing's order the backward wrote ``threshold_backward`` into the
     shared buffer before the weight gradient read the view (ap-partitioner's
     ``without_views_of_saved``)."""
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "zoo.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "zoo", "--models", "nn_transformer_encoder", "--configs", "full"]
-        + ["--ranks", "2", "--json", str(out), "--md", str(tmp_path / "zoo.md")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0 or not out.exists():
-        pytest.fail(proc.stdout[-2000:] + proc.stderr[-2000:])
-    (case,) = json.loads(out.read_text())["cases"]
+    (case,) = run_zoo("nn_transformer_encoder", "full", 2)
     if case["error"] is not None:
         pytest.fail(case["error"])
     assert case["loss_rel"] <= FP32_RTOL and case["grad_rel"] <= FP32_RTOL, case["grad_worst"]
