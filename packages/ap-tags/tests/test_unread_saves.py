@@ -134,6 +134,22 @@ def test_a_copy_is_named_only_when_the_replay_keeps_its_source() -> None:
     assert "clone" not in replayed_saves(retrace.g).dropped
 
 
+def _copy_only_first(g: torch.fx.Graph) -> tuple[dict[str, torch.fx.Node], list[Any]]:
+    """As :func:`_attention_first`, but the first partition saves only the copy (a view of
+    ``clone``), not ``a``: the copy stands *instead of* its source (HF Mixtral's ``clone`` of
+    the router's ``topk`` weights)."""
+    nodes, outs = _attention_first(g)
+    return nodes, [outs[0], outs[2]]
+
+
+def test_a_copy_saved_instead_of_its_source_is_not_named() -> None:
+    """The replay reads ``a`` where the first partition saved ``clone``: one storage of the
+    same size each, nothing dropped -- naming ``clone`` would misreport an exact replay (seen
+    on HF Mixtral at 2 gloo ranks: "replay differs from first" with 65 = 65 storages)."""
+    first = _first(_copy_only_first, user=1, saved=1)
+    assert replayed_saves(_attention_retrace(first, with_clone=False).g).dropped == ()
+
+
 def test_nothing_is_named_from_a_first_graph_never_registered() -> None:
     """Without the first forward graph the absence of a node proves nothing: no names."""
     g = torch.fx.Graph()

@@ -97,18 +97,27 @@ def _copies_without_image(
     first: FirstForward, names: dict[torch.fx.Node, str], read: Iterable[torch.fx.Node]
 ) -> list[NamedDrop]:
     """Saved storages of ``first`` that are a copy (``_COPY_OPS``) of a value whose storage the
-    replay keeps, and from which the retrace traced no node (see module doc)."""
+    first partition saved too and the replay keeps, and from which the retrace traced no node
+    (see module doc).
+
+    Both partitions must hold the source's storage: only then is the copy redundant. When the
+    first partition saved the copy *instead of* its source (HF Mixtral: a ``clone`` of the
+    router's ``topk`` weights, the source unsaved) and the replay saves the source in its place,
+    the replay keeps a storage of the same size for it: nothing is dropped, and naming the copy
+    would misreport an exact replay."""
     imaged = set(names.values())
     kept = {k for r in read if (k := _kept_storage_name(r, names, first)) is not None}
+    bases = list(dict.fromkeys(storage_base(v) for v in first.saved))
+    first_saved = {output_name(b) for b in bases}
     drops: list[NamedDrop] = []
-    for base in dict.fromkeys(storage_base(v) for v in first.saved):
+    for base in bases:
         if base.target not in _COPY_OPS or base.name in imaged:
             continue
         source = base.args[0] if base.args else None
         if not isinstance(source, torch.fx.Node):
             continue
         of = output_name(storage_base(source))
-        if of in kept:
+        if of in kept and of in first_saved:
             why = (
                 f"no node in the retrace: a copy of {source.name} (storage {of}), which the "
                 "replay keeps and the retraced backward reads instead"
