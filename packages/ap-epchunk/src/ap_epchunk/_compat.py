@@ -214,3 +214,14 @@ def process_group_of(group_name: str) -> Any:
         "torch._C._distributed_c10d", "_resolve_process_group"
     )
     return resolve(group_name)
+
+
+def fsdp_collective_predicates() -> tuple[Callable[[Any], bool], Callable[[Any], bool]]:
+    """torch's own FSDP predicates ``(is_fsdp_all_gather, is_fsdp_reduce_scatter_wait)``
+    (``torch._inductor.fx_passes.fsdp``): an all-gather deriving from exactly one placeholder,
+    a reduce-scatter wait flowing to the outputs through single-input ops. The FSDP placement
+    uses the same rules torch's FSDP bucketing filters on, not a copy of them."""
+    module = "torch._inductor.fx_passes.fsdp"
+    is_all_gather: Callable[[Any], bool] = SUPPORT.attr(module, "is_fsdp_all_gather")
+    is_rs_wait: Callable[[Any], bool] = SUPPORT.attr(module, "is_fsdp_reduce_scatter_wait")
+    return is_all_gather, is_rs_wait

@@ -29,7 +29,7 @@ full weight lives through that stretch (as with FSDP's backward prefetch of the 
 On the EP zoo models the stretch before a MoE layer's backward span is the backward work
 since the previous collective (the re-gathers of the attention or output layer after it).
 
-What counts as FSDP (the rules torch's own FSDP bucketing uses, ``fx_passes/fsdp.py``): an
+What counts as FSDP (torch's own FSDP bucketing predicates, ``fx_passes/fsdp.py``, called): an
 all-gather whose input derives from exactly one placeholder (a parameter shard, through casts),
 or that ``ap_tags.mark_fsdp_all_gather_recomputation`` tagged; a reduce-scatter whose wait flows
 to the graph's outputs through single-input ops only (a gradient leaving the step).
@@ -38,7 +38,6 @@ to the graph's outputs through single-input ops only (a gradient leaving the ste
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -46,8 +45,9 @@ import torch.fx
 from ap_tags import CHUNK_REGION, FSDP_AC_GRAPH_ID, ac_graph_id
 from ap_tags.graph import is_all_gather, is_backward_node, is_collective, is_reduce_scatter, is_wait
 
+from . import _compat
 from ._schedule_order import keeps_order, order_edges
-from ._schedule_regions import ChunkedRegion, ancestors_within, first_wait
+from ._schedule_regions import ChunkedRegion, ancestors_within, descendants_within, first_wait
 
 log = logging.getLogger(__name__)
 
@@ -61,56 +61,17 @@ class RegionPlacement:
     left: list[str] = field(default_factory=list)
 
 
-def _single_placeholder_source(launch: torch.fx.Node) -> bool:
-    """The launch's input derives from exactly one placeholder (torch's ``is_fsdp_all_gather``);
-    stops at the second placeholder, so an activation gather costs a short walk."""
-    seen: set[torch.fx.Node] = set()
-    queue = list(launch.all_input_nodes)
-    placeholders = 0
-    while queue:
-        node = queue.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node.op == "placeholder":
-            placeholders += 1
-            if placeholders > 1:
-                return False
-        else:
-            queue.extend(node.all_input_nodes)
-    return placeholders == 1
-
-
-def _flows_to_output(wait: torch.fx.Node) -> bool:
-    """Every path from ``wait`` reaches the output through single-input ops (torch's
-    ``is_fsdp_reduce_scatter_wait``): a gradient leaving the step unchanged."""
-    if not wait.users:
-        return False
-    seen: set[torch.fx.Node] = set()
-    queue = [wait]
-    while queue:
-        node = queue.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        for user in node.users:
-            if user.op == "output":
-                continue
-            if len(user.all_input_nodes) != 1:
-                return False
-            queue.append(user)
-    return True
-
-
 def is_fsdp_collective(node: torch.fx.Node) -> bool:
-    """An FSDP parameter all-gather or gradient reduce-scatter (module doc)."""
+    """An FSDP parameter all-gather or gradient reduce-scatter (module doc), by torch's own
+    predicates (:func:`ap_epchunk._compat.fsdp_collective_predicates`) or ap-tags' FSDP tag."""
     if not is_collective(node):
         return False
+    is_fsdp_all_gather, is_fsdp_reduce_scatter_wait = _compat.fsdp_collective_predicates()
     if is_all_gather(node):
-        return ac_graph_id(node) == FSDP_AC_GRAPH_ID or _single_placeholder_source(node)
+        return ac_graph_id(node) == FSDP_AC_GRAPH_ID or bool(is_fsdp_all_gather(node))
     if is_reduce_scatter(node):
         wait = first_wait(node)
-        return wait is not None and _flows_to_output(wait)
+        return wait is not None and bool(is_fsdp_reduce_scatter_wait(wait))
     return False
 
 
@@ -150,19 +111,6 @@ def _stretch_end(last: torch.fx.Node, region: ChunkedRegion) -> torch.fx.Node:
     while node.op != "root" and not _is_barrier(node, region):
         node = node.next
     return node
-
-
-def descendants_within(start: torch.fx.Node, window: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    """Every node of ``window`` that depends on ``start`` (``start`` excluded)."""
-    seen: set[torch.fx.Node] = set()
-    queue = deque(u for u in start.users if u in window)
-    while queue:
-        node = queue.popleft()
-        if node in seen:
-            continue
-        seen.add(node)
-        queue.extend(u for u in node.users if u in window and u not in seen)
-    return seen
 
 
 def _pinned(

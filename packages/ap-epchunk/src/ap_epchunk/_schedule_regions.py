@@ -20,7 +20,7 @@ must meet to be scheduled (else it is left as it is, with the reason):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch.fx
@@ -130,19 +130,34 @@ def is_compute(node: torch.fx.Node) -> bool:
     return str(op._schema.name).split("::")[-1] not in _NOT_COMPUTE
 
 
-def ancestors_within(
-    start: Iterable[torch.fx.Node], window: set[torch.fx.Node]
+def _reach_within(
+    start: Iterable[torch.fx.Node],
+    window: set[torch.fx.Node],
+    step: Callable[[torch.fx.Node], Iterable[torch.fx.Node]],
 ) -> set[torch.fx.Node]:
-    """Every node of ``window`` that some node of ``start`` depends on (``start`` excluded)."""
+    """Every node of ``window`` reached from ``start`` by ``step`` (``start`` excluded unless
+    reached again)."""
     seen: set[torch.fx.Node] = set()
-    queue = deque(p for n in start for p in n.all_input_nodes if p in window)
+    queue = deque(p for n in start for p in step(n) if p in window)
     while queue:
         node = queue.popleft()
         if node in seen:
             continue
         seen.add(node)
-        queue.extend(p for p in node.all_input_nodes if p in window and p not in seen)
+        queue.extend(p for p in step(node) if p in window and p not in seen)
     return seen
+
+
+def ancestors_within(
+    start: Iterable[torch.fx.Node], window: set[torch.fx.Node]
+) -> set[torch.fx.Node]:
+    """Every node of ``window`` that some node of ``start`` depends on (``start`` excluded)."""
+    return _reach_within(start, window, lambda n: n.all_input_nodes)
+
+
+def descendants_within(start: torch.fx.Node, window: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """Every node of ``window`` that depends on ``start`` (``start`` excluded)."""
+    return _reach_within([start], window, lambda n: n.users)
 
 
 def contract_violation(region: ChunkedRegion, window: set[torch.fx.Node]) -> str | None:
