@@ -194,6 +194,15 @@ def node_cost(node: fx.Node) -> tuple[int, int]:
     return 0, moved + _value_bytes(node.meta.get("val"))
 
 
+def _cost(node: fx.Node, costs: dict[fx.Node, tuple[int, int]]) -> tuple[int, int]:
+    """``node_cost(node)``, computed once per ``costs`` (one budget fit): the greedy re-prices
+    every candidate after each drop, and the repair prices the kept drops again."""
+    found = costs.get(node)
+    if found is None:
+        found = costs[node] = node_cost(node)
+    return found
+
+
 def is_unsafe_to_recompute(node: fx.Node) -> bool:
     """``node`` must not run again in the backward (module doc): a collective outside a
     ``MUST_RECOMPUTE`` chain, a random op, a mutation or forward-only effect."""
@@ -253,7 +262,9 @@ def _group_closure(group: list[fx.Node], available: set[fx.Node]) -> list[fx.Nod
     return list(closure)
 
 
-def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx.Node, int]]:
+def _greedy_drops(
+    graph: fx.Graph, plan: SavePlan, costs: dict[fx.Node, tuple[int, int]]
+) -> list[tuple[DroppedSave, fx.Node, int]]:
     """Every drop down to the floor, best score first: ``(record, storage, saved bytes after)``.
 
     Graph inputs are always available to the backward (the caller holds them; saving one
@@ -262,7 +273,6 @@ def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx
     available = {*saved, *plan.sym_nodes, *plan.opaque_nodes, *graph.find_nodes(op="placeholder")}
     groups = _storage_groups(saved)
     recomputed: set[fx.Node] = set()
-    costs: dict[fx.Node, tuple[int, int]] = {}
     current = _saved_bytes(saved)
     out: list[tuple[DroppedSave, fx.Node, int]] = []
     # a group's closure changes only when a value it stopped at is dropped: cache it with that
@@ -284,7 +294,7 @@ def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx
                 continue
             freed = node_nbytes(base)
             fresh = [n for n in closure if n not in recomputed]
-            cost = sum(sum(costs.setdefault(n, node_cost(n))) for n in fresh)
+            cost = sum(sum(_cost(n, costs)) for n in fresh)
             score = freed / (cost + 1)
             if freed > 0 and (best is None or score > best[0]):
                 best = (score, base, fresh, freed)
@@ -303,7 +313,10 @@ def _greedy_drops(graph: fx.Graph, plan: SavePlan) -> list[tuple[DroppedSave, fx
 
 
 def _costed_drops(
-    graph: fx.Graph, plan: SavePlan, storages: Sequence[fx.Node]
+    graph: fx.Graph,
+    plan: SavePlan,
+    storages: Sequence[fx.Node],
+    costs: dict[fx.Node, tuple[int, int]],
 ) -> list[DroppedSave] | None:
     """The records of dropping exactly ``storages`` (in this order) from ``plan``: each one's
     recompute closure against what stays saved, a node recomputed for an earlier one counted
@@ -326,14 +339,14 @@ def _costed_drops(
             return None
         fresh = [n for n in closure if n not in recomputed]
         recomputed.update(fresh)
-        costs = [node_cost(n) for n in fresh]
+        priced = [_cost(n, costs) for n in fresh]
         records.append(
             DroppedSave(
                 base.name,
                 ap_tags.module_fqn(base),
                 node_nbytes(base),
-                sum(c[0] for c in costs),
-                sum(c[1] for c in costs),
+                sum(c[0] for c in priced),
+                sum(c[1] for c in priced),
                 len(fresh),
             )
         )
@@ -368,8 +381,9 @@ def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetO
     The greedy prefix that fits is then pruned (:func:`_restored`); the pruned set is kept
     only when its recompute cost, counted afresh, is lower."""
     before = _saved_bytes(plan.values)
+    costs: dict[fx.Node, tuple[int, int]] = {}
     with paused_gc():
-        drops = _greedy_drops(graph, plan)
+        drops = _greedy_drops(graph, plan, costs)
     floor = drops[-1][2] if drops else before
     if budget_bytes < floor:
         raise BudgetError(budget_bytes, floor, before)
@@ -386,7 +400,7 @@ def fit_to_budget(graph: fx.Graph, plan: SavePlan, budget_bytes: int) -> BudgetO
     pruned, pruned_after = _restored(storages, freed, after, budget_bytes)
     if len(pruned) < len(storages):
         with paused_gc():
-            repriced = _costed_drops(graph, plan, pruned)
+            repriced = _costed_drops(graph, plan, pruned, costs)
         if repriced is not None and _total_cost(repriced) < _total_cost(records):
             log.debug(
                 "fit_to_budget: kept %d of the greedy's drops saved",
