@@ -14,7 +14,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from zoo.run import FP32_RTOL, FP64_MULTIPLIER, GRAD_FLOOR, CaseResult, evaluate, numerics_tolerance
+from zoo.run import (
+    FP32_GRAD_RTOL,
+    FP32_RTOL,
+    FP64_MULTIPLIER,
+    GRAD_FLOOR,
+    CaseResult,
+    evaluate,
+    numerics_tolerance,
+)
 
 __all__ = ["attach_stock_gaps", "load", "render"]
 
@@ -80,6 +88,14 @@ def _fp64_text(r: CaseResult) -> str:
         f" distance to eager fp64: compiled loss {_e(r.fp64_loss_rel)} / grad "
         f"{_e(r.fp64_grad_rel)}, eager fp32 loss {_e(r.fp64_eager_loss_rel)} / grad "
         f"{_e(r.fp64_eager_grad_rel)}"
+        + (
+            f"; eager fp32 undetermined, compiled vs stock torch.compile loss "
+            f"{_e(r.vs_stock_loss_rel)} / grad {_e(r.vs_stock_grad_rel)}"
+            if r.eager_undetermined and r.vs_stock_grad_rel is not None
+            else "; eager fp32 undetermined"
+            if r.eager_undetermined
+            else ""
+        )
     )
 
 
@@ -102,7 +118,7 @@ def _row(r: CaseResult) -> str:
         ]
         return "| " + " | ".join(cells) + " |"
     tol = numerics_tolerance(r)
-    tol_s = "—" if tol is None else _e(max(tol))
+    tol_s = "—" if tol is None else f"{_e(tol[0])} / {_e(tol[1])}"
     first = _nb(r.first.count, r.first.nbytes) if r.first else "—"
     ag = "/".join("—" if a is None else str(a) for a in r.all_gather_saved)
     fb = "—" if not r.reports else f"{r.fallbacks}/{len(r.reports)}"
@@ -143,11 +159,15 @@ Parameters are FSDP-style dim-0 shards all-gathered in forward (`zoo/fsdp.py`).
 * **loss rel / grad rel**: relative error vs eager; for gradients per shard tensor
   `max|compiled - eager| / max(max|eager|, {GRAD_FLOOR:.0e} x the step's largest |eager| entry)`,
   worst over steps, shards and ranks (the floor keeps mathematically-zero gradients, such as
-  attention key biases, from comparing round-off with round-off). **tol**: {FP32_RTOL:.0e} for fp32 models; for
-  bf16 models stock Inductor's own gap (never below {FP32_RTOL:.0e}). An fp32 case above tol is
+  attention key biases, from comparing round-off with round-off). **tol** (loss / grad):
+  {FP32_RTOL:.0e} / {FP32_GRAD_RTOL:.0e} for fp32 models; for bf16 models stock Inductor's own
+  gap (never below those). An fp32 case above tol is
   judged as torch's own accuracy check does (`torch._dynamo.utils.same` with an fp64
   reference): it passes when its distance to eager fp64 of the same sharded step is at most
-  {FP64_MULTIPLIER:g} x eager fp32's (both floored at tol); such rows are listed under *fp64-judged*.
+  {FP64_MULTIPLIER:g} x eager fp32's (both floored at tol); and where eager fp32 is itself
+  further than tol from eager fp64 (*eager fp32 undetermined*: a ReLU + BatchNorm network at a
+  kink, zoo/README.md "Two ranks"), when it matches plain `torch.compile` of the same step on
+  the same batches within tol. Such rows are listed under *fp64-judged*.
 * **FSDP chains**: all-gather chains ap-tags found in the first compilation / parameter shards.
 * **first partition**: `PrecompiledModule.first_partition` (distinct saved storages / bytes);
   **SaveAll**: `AutoParallelBackend.saved` (same measure, summed over the compile's

@@ -46,12 +46,14 @@ __all__ = [
     "CONFIGS",
     "OPTION_CONFIGS",
     "FP32_RTOL",
+    "FP32_GRAD_RTOL",
     "GRAD_FLOOR",
     "CaseResult",
     "FP64_MULTIPLIER",
     "evaluate",
     "run_case",
     "within_fp64_reference",
+    "matches_stock_where_undetermined",
 ]
 
 #: The backend options of each ap configuration.
@@ -96,8 +98,10 @@ CONFIGS: tuple[str, ...] = (
     *BUDGET_CONFIGS,
 )
 
-#: fp32 numerics criterion (normwise relative error, see :func:`rel_err`).
+#: fp32 numerics criteria (normwise relative error, see :func:`rel_err`): the loss and every
+#: gradient shard against eager fp32 -- issue #23's fp32 tolerances (loss 1e-5, gradients 1e-4).
 FP32_RTOL = 1e-5
+FP32_GRAD_RTOL = 1e-4
 #: The second fp32 criterion, torch's own accuracy check (``torch._dynamo.utils.same`` with an
 #: fp64 reference, as its benchmark runners use): where a model's eager fp32 is itself far from
 #: the fp64 answer (an ill-conditioned model, e.g. BatchNorm over few values after an SGD
@@ -185,6 +189,12 @@ class CaseResult:
     fp64_eager_grad_rel: float | None = None
     fp64_loss_rel: float | None = None
     fp64_grad_rel: float | None = None
+    # where that fp64 reference shows eager fp32 itself further from the exact answer than the
+    # fp32 tolerances (``eager_undetermined``), the compiled run against plain torch.compile of
+    # the same step on the same batches (see :func:`matches_stock_where_undetermined`)
+    eager_undetermined: bool | None = None
+    vs_stock_loss_rel: float | None = None
+    vs_stock_grad_rel: float | None = None
     # stock Inductor gap recorded for this model (filled in from its "stock" case)
     stock_loss_rel: float | None = None
     stock_grad_rel: float | None = None
@@ -431,7 +441,7 @@ def _record_numerics(
     res.losses_eager, res.losses_compiled = eager[0], compiled[0]
     res.loss_rel = _loss_rel(compiled[0], eager[0])
     res.grad_rel, res.grad_worst = _grads_rel(compiled[1], eager[1])
-    if zm.bf16 or max(res.loss_rel, res.grad_rel) <= FP32_RTOL:
+    if zm.bf16 or (res.loss_rel <= FP32_RTOL and res.grad_rel <= FP32_GRAD_RTOL):
         return
     stage[0] = "eager fp64 reference"
     ref = _eager_fp64(res.model, res.steps, rank)
@@ -439,6 +449,9 @@ def _record_numerics(
     res.fp64_eager_grad_rel = _grads_rel(eager[1], ref[1])[0]
     res.fp64_loss_rel = _loss_rel(compiled[0], ref[0])
     res.fp64_grad_rel = _grads_rel(compiled[1], ref[1])[0]
+    res.eager_undetermined = (
+        res.fp64_eager_loss_rel > FP32_RTOL or res.fp64_eager_grad_rel > FP32_GRAD_RTOL
+    )
 
 
 def _eager_fp64(model: str, steps: int, rank: int) -> Run:
@@ -499,6 +512,13 @@ def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[s
         res.backend_s = sum(backend.compile_seconds) if backend.compile_seconds else None
         res.backend_calls = len(backend.compile_seconds)
     _record_numerics(res, zm, rank, stage, (ref_losses, ref_grads), (losses, grads))
+    if res.eager_undetermined:
+        stage[0] = "stock torch.compile (eager fp32 undetermined)"
+        state.restore()
+        torch._dynamo.reset()  # the step's frames compile afresh with stock Inductor
+        stock = _train(torch.compile(step), params, batches)
+        res.vs_stock_loss_rel = _loss_rel(losses, stock[0])
+        res.vs_stock_grad_rel = _grads_rel(grads, stock[1])[0]
 
 
 def run_case(
@@ -580,10 +600,10 @@ def numerics_tolerance(res: CaseResult) -> tuple[float, float] | None:
     """(loss, grad) tolerance: fp32 rtol, or for bf16 models stock Inductor's own gap (never
     below the fp32 rtol). ``None`` when a bf16 model's stock gap is unknown."""
     if not res.bf16:
-        return FP32_RTOL, FP32_RTOL
+        return FP32_RTOL, FP32_GRAD_RTOL
     if res.stock_loss_rel is None or res.stock_grad_rel is None:
         return None
-    return max(res.stock_loss_rel, FP32_RTOL), max(res.stock_grad_rel, FP32_RTOL)
+    return max(res.stock_loss_rel, FP32_RTOL), max(res.stock_grad_rel, FP32_GRAD_RTOL)
 
 
 def within_fp64_reference(res: CaseResult) -> bool:
@@ -591,12 +611,36 @@ def within_fp64_reference(res: CaseResult) -> bool:
     than ``FP64_MULTIPLIER`` x eager fp32 is (loss and gradients, each floored at
     ``FP32_RTOL``). ``False`` when the fp64 reference was not measured."""
     pairs = [
-        (res.fp64_loss_rel, res.fp64_eager_loss_rel),
-        (res.fp64_grad_rel, res.fp64_eager_grad_rel),
+        (res.fp64_loss_rel, res.fp64_eager_loss_rel, FP32_RTOL),
+        (res.fp64_grad_rel, res.fp64_eager_grad_rel, FP32_GRAD_RTOL),
     ]
     return all(
-        got is not None and ref is not None and got <= FP64_MULTIPLIER * max(ref, FP32_RTOL)
-        for got, ref in pairs
+        got is not None and ref is not None and got <= FP64_MULTIPLIER * max(ref, tol)
+        for got, ref, tol in pairs
+    )
+
+
+def matches_stock_where_undetermined(res: CaseResult) -> bool:
+    """Where eager fp32 is itself further from the eager fp64 answer than the fp32 tolerances
+    (``eager_undetermined``), eager fp32 is no reference to hold a compiled run to those
+    tolerances; the compiled run then passes when it computes what plain ``torch.compile``
+    computes for the same step on the same batches, within the fp32 tolerances.
+
+    Why such a model exists: a ReLU network whose BatchNorms normalise over few values
+    (ResNets on 32x32 images: ``layer4`` sees 1x1 maps) has gradients that jump where a
+    pre-activation crosses zero; after an SGD step some pre-activation sits within round-off
+    of zero, and any change of rounding -- eager fp32 on parameters jittered by one ulp
+    included -- lands on the other side of the kink and moves a BatchNorm's gradient by
+    1e-3..1e-1 (``zoo/README.md``, "Two ranks"; ``python -m zoo.kinks``). No fp32
+    implementation other than eager's own kernels in eager's own order can meet 1e-4 there,
+    so the check that still tells a wrong graph from a rounding change is the ap graph
+    against stock Inductor's."""
+    return (
+        res.eager_undetermined is True
+        and res.vs_stock_loss_rel is not None
+        and res.vs_stock_grad_rel is not None
+        and res.vs_stock_loss_rel <= FP32_RTOL
+        and res.vs_stock_grad_rel <= FP32_GRAD_RTOL
     )
 
 
@@ -607,7 +651,7 @@ def evaluate(res: CaseResult) -> Verdict:
     if res.loss_rel is not None and res.grad_rel is not None and tol is not None:
         numerics = res.loss_rel <= tol[0] and res.grad_rel <= tol[1]
         if not numerics and not res.bf16:
-            numerics = within_fp64_reference(res)
+            numerics = within_fp64_reference(res) or matches_stock_where_undetermined(res)
     no_fallbacks = (res.fallbacks == 0) if res.reports else None
     ag = res.all_gather_saved
     no_ag = None if any(a is None for a in ag) else all(a == 0 for a in ag)

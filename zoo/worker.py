@@ -65,8 +65,9 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank 0's record with the worst numerics over all ranks: the largest loss / gradient
     error (and where the gradient one occurred), and for each fp64 pair the rank where the
     compiled run is furthest from eager fp64 relative to eager fp32 (``zoo.run.
-    within_fp64_reference`` judges that rank; a rank without the pair met ``FP32_RTOL``)."""
-    from zoo.run import FP32_RTOL
+    within_fp64_reference`` judges that rank; a rank without the pair met the fp32
+    tolerances)."""
+    from zoo.run import FP32_GRAD_RTOL, FP32_RTOL
 
     merged = dict(parts[0])
     for key in ("loss_rel", "grad_rel"):
@@ -74,14 +75,23 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         merged[key] = max(vals) if len(vals) == len(parts) else None
     if merged["grad_rel"] is not None:
         merged["grad_worst"] = max(parts, key=lambda p: p["grad_rel"]).get("grad_worst", "")
-    for got, ref in (
-        ("fp64_loss_rel", "fp64_eager_loss_rel"),
-        ("fp64_grad_rel", "fp64_eager_grad_rel"),
+    for got, ref, tol in (
+        ("fp64_loss_rel", "fp64_eager_loss_rel", FP32_RTOL),
+        ("fp64_grad_rel", "fp64_eager_grad_rel", FP32_GRAD_RTOL),
     ):
         measured = [p for p in parts if p.get(got) is not None and p.get(ref) is not None]
         if measured:
-            worst = max(measured, key=lambda p: p[got] / max(p[ref], FP32_RTOL))
+            worst = max(measured, key=lambda p: p[got] / max(p[ref], tol))
             merged[got], merged[ref] = worst[got], worst[ref]
+    # every rank that missed the fp32 tolerances must have an undetermined eager fp32 and match
+    # stock torch.compile (zoo.run.matches_stock_where_undetermined): all / worst over them
+    undetermined = [
+        p["eager_undetermined"] for p in parts if p.get("eager_undetermined") is not None
+    ]
+    merged["eager_undetermined"] = all(undetermined) if undetermined else None
+    for key in ("vs_stock_loss_rel", "vs_stock_grad_rel"):
+        vals = [p[key] for p in parts if p.get(key) is not None]
+        merged[key] = max(vals) if vals else None
     errors = [f"rank {i}: {p['error']}" for i, p in enumerate(parts) if p.get("error")]
     if errors and not merged.get("error"):
         merged["error"] = "; ".join(errors)
