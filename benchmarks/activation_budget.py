@@ -42,6 +42,7 @@ import torch.fx
 from ap_partitioner._budget import node_cost
 from ap_partitioner._compat import CustomPartitionerFn
 from ap_tags.counting import count_saved
+from ap_testing.errors import raised
 
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
@@ -155,10 +156,8 @@ def _floor(pm: Any, batch: Sequence[Any]) -> int:
     try:
         _compile_once(pm, batch, ap_partitioner.SaveAllPartitioner(activation_budget_bytes=0))
     except Exception as exc:  # Dynamo wraps the BudgetError
-        cause: BaseException | None = exc
-        while cause is not None and not isinstance(cause, ap_partitioner.BudgetError):
-            cause = cause.__cause__ or getattr(cause, "inner_exception", None)
-        if isinstance(cause, ap_partitioner.BudgetError):
+        cause = raised(exc, ap_partitioner.BudgetError)
+        if cause is not None:
             return cause.floor
         raise
     return 0

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from ap_testing.errors import raised
 
 from zoo.run import BUDGET_CONFIGS, FP32_RTOL, CaseResult, evaluate
 
@@ -106,16 +107,6 @@ def test_every_budget_from_the_floor_to_the_replay_fits_and_trains_like_eager() 
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
-def _cause(exc: BaseException, kind: type[Exception]) -> Any:
-    """``exc`` or the first of its causes (Dynamo's ``BackendCompilerFailed`` wraps what a
-    backend raised) that is a ``kind``."""
-    seen: BaseException | None = exc
-    while seen is not None and not isinstance(seen, kind):
-        seen = seen.__cause__ or getattr(seen, "inner_exception", None)
-    assert isinstance(seen, kind), repr(exc)
-    return seen
-
-
 @pytest.mark.slow
 def test_a_budget_under_the_floor_names_the_floor() -> None:
     """Dropout's random draws cannot be recomputed (they would differ): what depends on them
@@ -124,7 +115,8 @@ def test_a_budget_under_the_floor_names_the_floor() -> None:
     replay, _, _ = _run(None, dropout=0.1)
     with pytest.raises(Exception) as info:  # noqa: PT011 - Dynamo wraps the backend's error
         _run(0, dropout=0.1)
-    error = _cause(info.value, ap_partitioner.BudgetError)
+    error = raised(info.value, ap_partitioner.BudgetError)
+    assert error is not None, repr(info.value)
     floor = error.floor
     assert 0 < floor < replay.saved_activation_bytes
     assert f"{floor:,}" in str(error) and "activation_budget_bytes" in str(error)

@@ -47,6 +47,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from ap_testing.errors import raised
 from torch import nn
 
 DEFAULT_EXAMPLES = 4
@@ -296,22 +297,6 @@ def _grads_rel(got: list[dict[str, torch.Tensor]], ref: list[dict[str, torch.Ten
     return worst
 
 
-def _refusal(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
-    """``exc`` or the error it wraps (Dynamo's ``BackendCompilerFailed`` raises ``from None``
-    and keeps it as ``inner_exception``) when one of ``kinds``."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, kinds):
-            return e
-        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
-    return None
-
-
 def run_case(case: EpCase, rank: int, world: int) -> dict[str, Any]:
     """One example on this rank: eager EP, EagerChunked, then precompile + the backend."""
     import torch.distributed as dist
@@ -343,7 +328,7 @@ def run_case(case: EpCase, rank: int, world: int) -> dict[str, Any]:
         out["precompile_s"] = time.perf_counter() - start
         losses, grads = train(torch.compile(pm, backend=backend), net, [(x, y), *data[1:]])
     except Exception as exc:  # noqa: BLE001 - a refusal wrapped by Dynamo is judged by its cause
-        cause = _refusal(exc, (ChunkError, PrecompileError))
+        cause = raised(exc, (ChunkError, PrecompileError))
         if cause is None:
             raise
         out["refused"] = f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
