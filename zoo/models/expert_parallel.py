@@ -95,7 +95,7 @@ def fp32_experts(model: nn.Module) -> int:
     count = 0
     for module in model.modules():
         if isinstance(module, GroupedExperts):
-            module.forward = types.MethodType(_fp32_grouped_experts, module)  # type: ignore[method-assign]
+            module.forward = types.MethodType(_fp32_grouped_experts, module)
             count += 1
     return count
 
