@@ -92,10 +92,13 @@ ROWS: dict[str, Row] = {
         Row("fsdp_tp_2x2", tp=2, steps=1),
         # torchtitan Qwen3-MoE
         Row("qwen3_moe_accum_eval", micro=2, eval=True, model="tt_qwen3_moe"),
+        Row("qwen3_moe_bf16", bf16=True, stock=True, model="tt_qwen3_moe"),
         Row("qwen3_moe_hsdp_2x2", dp_replicate=2, steps=1, model="tt_qwen3_moe"),
         Row("qwen3_moe_fsdp_tp_2x2", tp=2, steps=1, model="tt_qwen3_moe"),
         # transformers Llama
         Row("hf_llama_accum_eval", micro=2, eval=True, model="hf_llama"),
+        Row("hf_llama_bf16", bf16=True, stock=True, model="hf_llama"),
+        Row("hf_llama_hsdp_2x2", dp_replicate=2, steps=1, model="hf_llama"),
         Row("hf_llama_fsdp_tp_2x2", tp=2, steps=1, model="hf_llama"),
     )
 }
