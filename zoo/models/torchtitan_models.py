@@ -209,9 +209,19 @@ def qwen3_moe_config(*, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> Any
     )
 
 
-def qwen3_moe(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -> ZooModel:
+def qwen3_moe(
+    steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ, tp_plan: bool = False
+) -> ZooModel:
     """Qwen3 ``debugmodel_moe`` shape (softmax top-k router, grouped bf16 experts), 2 layers
-    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section)."""
+    (``n_layers``/``dim``/``seq`` scale it: the benchmarks' real-model section). ``tp_plan``:
+    torchtitan's own Qwen3 sharding config (``set_qwen3_sharding_config``, no sequence or
+    expert parallelism) is set on the config, so ``model.parallelize(parallel_dims)`` applies
+    its tensor-parallel plan (``zoo.meshes``); without a TP mesh it changes nothing."""
+    configure: Callable[[Any], None] | None = None
+    if tp_plan:
+        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+        configure = functools.partial(set_qwen3_sharding_config, enable_sp=False, enable_ep=False)
     return _finish(
         "tt_qwen3_moe",
         f"debugmodel_moe shape: dim {dim}, 8 experts top-2, {n_layers} layers, vocab {VOCAB}",
@@ -219,6 +229,7 @@ def qwen3_moe(steps: int, *, n_layers: int = 2, dim: int = 64, seq: int = SEQ) -
         steps,
         bf16=True,
         seq=seq,
+        configure=configure,
     )
 
 
