@@ -22,22 +22,37 @@ never raised.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch._dynamo
-from ap_bucketing import BucketingConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from zoo.configs import (
+    AP_CONFIGS,
+    BUCKET_FORM_CONFIGS,
+    BUDGET_CONFIGS,
+    CONFIGS,
+    OPTION_CONFIGS,
+)
 from zoo.fsdp import FsdpTrainStep
 from zoo.models import MODELS, ZooModel
+from zoo.records import CaseResult, Report, Saved
+from zoo.verdict import (
+    FP32_GRAD_RTOL,
+    FP32_RTOL,
+    FP64_MULTIPLIER,
+    Verdict,
+    evaluate,
+    matches_stock_where_undetermined,
+    numerics_tolerance,
+    within_fp64_reference,
+)
 
 __all__ = [
     "AP_CONFIGS",
@@ -54,197 +69,13 @@ __all__ = [
     "run_case",
     "within_fp64_reference",
     "matches_stock_where_undetermined",
+    "numerics_tolerance",
+    "Report",
+    "Saved",
+    "Verdict",
 ]
 
-#: The backend options of each ap configuration.
-AP_CONFIGS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "ac": {"enable_ac": True},
-    "full": {"enable_ac": True, "bucketing": True, "overlap_scheduling": True},
-}
-#: The full configuration with each of torch's bucket forms named explicitly (``full`` takes
-#: ap-bucketing's default form): a user can pass either, so either must train correctly or be
-#: refused. Not part of a whole-zoo run unless asked for (``--configs``).
-BUCKET_FORM_CONFIGS: dict[str, dict[str, Any]] = {
-    f"full_bucket_{mode}": {
-        "enable_ac": True,
-        "bucketing": BucketingConfig(bucket_mode=mode),
-        "overlap_scheduling": True,
-    }
-    for mode in ("default", "custom_ops")
-}
-#: Each remaining backend option alone (issue #23 item 4: every option a user can pass runs at
-#: 2 ranks or is refused): bucketing without overlap scheduling, overlap scheduling without
-#: bucketing, torch's min-cut in place of the save-all replay. Not part of a whole-zoo run
-#: unless asked for.
-OPTION_CONFIGS: dict[str, dict[str, Any]] = {
-    "bucket": {"bucketing": True},
-    "overlap": {"overlap_scheduling": True},
-    "min_cut": {"partitioner": "min_cut"},
-}
-#: The save-all replay under an activation budget, as a fraction of the first partition's saved
-#: bytes (``autoparallel_backend(activation_budget_bytes=...)``, issue #25).
-BUDGET_CONFIGS: dict[str, float] = {
-    "budget_zero": 0.0,
-    "budget_quarter": 0.25,
-    "budget_half": 0.5,
-    "budget_3q": 0.75,
-}
-CONFIGS: tuple[str, ...] = (
-    "stock",
-    *AP_CONFIGS,
-    *BUCKET_FORM_CONFIGS,
-    *OPTION_CONFIGS,
-    *BUDGET_CONFIGS,
-)
-
-#: fp32 numerics criteria (normwise relative error, see :func:`rel_err`): the loss and every
-#: gradient shard against eager fp32 -- issue #23's fp32 tolerances (loss 1e-5, gradients 1e-4).
-FP32_RTOL = 1e-5
-FP32_GRAD_RTOL = 1e-4
-#: The second fp32 criterion, torch's own accuracy check (``torch._dynamo.utils.same`` with an
-#: fp64 reference, as its benchmark runners use): where a model's eager fp32 is itself far from
-#: the fp64 answer (an ill-conditioned model, e.g. BatchNorm over few values after an SGD
-#: step), eager fp32 is no exact reference; the compiled run passes when it is no further from
-#: eager fp64 than this many times eager fp32 is (both floored at ``FP32_RTOL``).
-FP64_MULTIPLIER = 2.0
 LR = 1e-2
-
-
-@dataclass
-class Saved:
-    """One saved-activation measure (``ap_tags.counting``): distinct storages, bytes, all-gather
-    outputs among them, saved activation tensors (views counted each) and the storages'
-    sorted ``(dtype, bytes)`` keys (what storage-level equality compares; empty in results
-    recorded before they were kept)."""
-
-    count: int
-    nbytes: int
-    all_gather: int
-    tensors: int = 0
-    storage_keys: list[list[Any]] = field(default_factory=list)
-    # per storage: the name a replay's report gives it and its [dtype, bytes] (first partition)
-    producers: list[str] = field(default_factory=list)
-    producer_keys: list[list[Any]] = field(default_factory=list)
-
-    def keys_without(self, dropped: set[str]) -> list[list[Any]]:
-        """``storage_keys`` less the storages a replay reported it did not keep."""
-        keys = [list(k) for k in self.storage_keys]
-        for producer, key in zip(self.producers, self.producer_keys, strict=True):
-            if producer in dropped:
-                keys.remove(list(key))
-        return keys
-
-
-@dataclass
-class Report:
-    """The fields of one ap-partitioner ``PartitionReport`` the zoo keeps."""
-
-    saved_activation_count: int
-    saved_activation_bytes: int
-    saved_all_gather_count: int
-    fell_back: bool
-    fallback_reason: str | None
-    dropped_first_saves: list[str] = field(default_factory=list)
-    # why each of dropped_first_saves is not kept (aligned; empty in older records)
-    dropped_first_saves_why: list[str] = field(default_factory=list)
-    narrowed_first_saves: list[str] = field(default_factory=list)
-    narrowed_storages: list[str] = field(default_factory=list)
-
-
-@dataclass
-class CaseResult:
-    """Everything measured for one model x configuration (``None``: not reached)."""
-
-    model: str
-    config: str
-    library: str = ""
-    model_config: str = ""
-    n_params: int = 0
-    bf16: bool = False
-    ranks: int = 1
-    steps: int = 0
-    # numerics vs eager (normwise relative error, max over steps, shards and ranks)
-    loss_rel: float | None = None
-    grad_rel: float | None = None
-    grad_worst: str = ""
-    losses_eager: list[float] = field(default_factory=list)
-    losses_compiled: list[float] = field(default_factory=list)
-    # FSDP structure of the first compilation
-    n_shards: int = 0
-    fsdp_chains: int | None = None
-    # the three saved measures
-    first: Saved | None = None
-    saveall: list[Saved] = field(default_factory=list)
-    reports: list[Report] = field(default_factory=list)
-    # timings (seconds)
-    eager_s: float | None = None
-    precompile_s: float | None = None
-    backend_s: float | None = None
-    first_step_s: float | None = None
-    backend_calls: int = 0
-    # distance to eager fp64 of the same sharded step (measured only for an fp32 case whose
-    # compiled run misses FP32_RTOL against eager fp32): eager fp32's and the compiled run's
-    fp64_eager_loss_rel: float | None = None
-    fp64_eager_grad_rel: float | None = None
-    fp64_loss_rel: float | None = None
-    fp64_grad_rel: float | None = None
-    # where that fp64 reference shows eager fp32 itself further from the exact answer than the
-    # fp32 tolerances (``eager_undetermined``), the compiled run against plain torch.compile of
-    # the same step on the same batches (see :func:`matches_stock_where_undetermined`)
-    eager_undetermined: bool | None = None
-    vs_stock_loss_rel: float | None = None
-    vs_stock_grad_rel: float | None = None
-    # stock Inductor gap recorded for this model (filled in from its "stock" case)
-    stock_loss_rel: float | None = None
-    stock_grad_rel: float | None = None
-    error: str | None = None
-    error_stage: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_dict(data: dict[str, Any]) -> CaseResult:
-        data = dict(data)
-        first = data.pop("first", None)
-        saveall = data.pop("saveall", [])
-        reports = data.pop("reports", [])
-        res = CaseResult(**data)
-        res.first = Saved(**first) if first is not None else None
-        res.saveall = [Saved(**s) for s in saveall]
-        res.reports = [Report(**r) for r in reports]
-        return res
-
-    # -- derived -------------------------------------------------------------------------------
-    @property
-    def fallbacks(self) -> int:
-        return sum(1 for r in self.reports if r.fell_back)
-
-    @property
-    def saved_count(self) -> int | None:
-        return sum(s.count for s in self.saveall) if self.saveall else None
-
-    @property
-    def saved_bytes(self) -> int | None:
-        return sum(s.nbytes for s in self.saveall) if self.saveall else None
-
-    @property
-    def report_count(self) -> int | None:
-        return sum(r.saved_activation_count for r in self.reports) if self.reports else None
-
-    @property
-    def report_bytes(self) -> int | None:
-        return sum(r.saved_activation_bytes for r in self.reports) if self.reports else None
-
-    @property
-    def all_gather_saved(self) -> tuple[int | None, int | None, int | None]:
-        """All-gather outputs saved: (first partition, SaveAll, PartitionReport)."""
-        first = self.first.all_gather if self.first is not None else None
-        saved = sum(s.all_gather for s in self.saveall) if self.saveall else None
-        rep = sum(r.saved_all_gather_count for r in self.reports) if self.reports else None
-        return first, saved, rep
 
 
 # ----------------------------------------------------------------------------------------------
@@ -566,135 +397,3 @@ def _tb_tail(exc: BaseException, n: int = 2) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------
 # the done-when properties
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Each done-when property of one case: ``True`` holds, ``False`` fails, ``None`` not
-    measurable (the case failed earlier, or the property does not apply)."""
-
-    numerics: bool | None
-    no_fallbacks: bool | None
-    no_all_gather_saved: bool | None
-    saveall_bytes_le_first: bool | None
-    saved_agree: bool | None
-    replay_exact: bool | None
-    error: bool
-    within_budget: bool | None = None
-
-    def failures(self) -> list[str]:
-        names = {
-            "numerics": self.numerics,
-            "fallbacks": self.no_fallbacks,
-            "all-gather saved": self.no_all_gather_saved,
-            "SaveAll bytes > first": self.saveall_bytes_le_first,
-            "saved measures disagree": self.saved_agree,
-            "replay differs from first": self.replay_exact,
-            "over budget": self.within_budget,
-        }
-        out = ["error"] if self.error else []
-        return out + [k for k, v in names.items() if v is False]
-
-
-def numerics_tolerance(res: CaseResult) -> tuple[float, float] | None:
-    """(loss, grad) tolerance: fp32 rtol, or for bf16 models stock Inductor's own gap (never
-    below the fp32 rtol). ``None`` when a bf16 model's stock gap is unknown."""
-    if not res.bf16:
-        return FP32_RTOL, FP32_GRAD_RTOL
-    if res.stock_loss_rel is None or res.stock_grad_rel is None:
-        return None
-    return max(res.stock_loss_rel, FP32_RTOL), max(res.stock_grad_rel, FP32_GRAD_RTOL)
-
-
-def within_fp64_reference(res: CaseResult) -> bool:
-    """torch's fp64-referenced accuracy check: the compiled run is no further from eager fp64
-    than ``FP64_MULTIPLIER`` x eager fp32 is (loss and gradients, each floored at
-    ``FP32_RTOL``). ``False`` when the fp64 reference was not measured."""
-    pairs = [
-        (res.fp64_loss_rel, res.fp64_eager_loss_rel, FP32_RTOL),
-        (res.fp64_grad_rel, res.fp64_eager_grad_rel, FP32_GRAD_RTOL),
-    ]
-    return all(
-        got is not None and ref is not None and got <= FP64_MULTIPLIER * max(ref, tol)
-        for got, ref, tol in pairs
-    )
-
-
-def matches_stock_where_undetermined(res: CaseResult) -> bool:
-    """Where eager fp32 is itself further from the eager fp64 answer than the fp32 tolerances
-    (``eager_undetermined``), eager fp32 is no reference to hold a compiled run to those
-    tolerances; the compiled run then passes when it computes what plain ``torch.compile``
-    computes for the same step on the same batches, within the fp32 tolerances.
-
-    Why such a model exists: a ReLU network whose BatchNorms normalise over few values
-    (ResNets on 32x32 images: ``layer4`` sees 1x1 maps) has gradients that jump where a
-    pre-activation crosses zero; after an SGD step some pre-activation sits within round-off
-    of zero, and any change of rounding -- eager fp32 on parameters jittered by one ulp
-    included -- lands on the other side of the kink and moves a BatchNorm's gradient by
-    1e-3..1e-1 (``zoo/README.md``, "Two ranks"; ``python -m zoo.kinks``). No fp32
-    implementation other than eager's own kernels in eager's own order can meet 1e-4 there,
-    so the check that still tells a wrong graph from a rounding change is the ap graph
-    against stock Inductor's."""
-    return (
-        res.eager_undetermined is True
-        and res.vs_stock_loss_rel is not None
-        and res.vs_stock_grad_rel is not None
-        and res.vs_stock_loss_rel <= FP32_RTOL
-        and res.vs_stock_grad_rel <= FP32_GRAD_RTOL
-    )
-
-
-def evaluate(res: CaseResult) -> Verdict:
-    """The done-when properties of one ap case."""
-    tol = numerics_tolerance(res)
-    numerics: bool | None = None
-    if res.loss_rel is not None and res.grad_rel is not None and tol is not None:
-        numerics = res.loss_rel <= tol[0] and res.grad_rel <= tol[1]
-        if not numerics and not res.bf16:
-            numerics = within_fp64_reference(res) or matches_stock_where_undetermined(res)
-    no_fallbacks = (res.fallbacks == 0) if res.reports else None
-    ag = res.all_gather_saved
-    no_ag = None if any(a is None for a in ag) else all(a == 0 for a in ag)
-    le_first: bool | None = None
-    agree: bool | None = None
-    exact: bool | None = None
-    if res.first is not None and res.saveall and res.reports:
-        saved_pair = (res.saved_count, res.saved_bytes)
-        report_pair = (res.report_count, res.report_bytes)
-        # one definition of "saved": the backend's summary and the partitioner's report of
-        # the same partition count the same storages
-        agree = saved_pair == report_pair
-        if res.config == "default":  # AC may add stage-boundary saves to the replay
-            le_first = (res.saved_bytes or 0) <= res.first.nbytes
-            # storage level: the same multiset of (dtype, bytes) storages, not the same
-            # tensors (a view of a saved base is free: the backward rebuilds it), less the
-            # first-partition saves the replay reports the retraced backward never reads
-            keys = sorted(k for s in res.saveall for k in s.storage_keys)
-            dropped = {d for r in res.reports for d in r.dropped_first_saves}
-            # a lossless widening cast saved as its narrow source: the first partition's cast
-            # is not kept, the source's storage (when not saved anyway) is kept in its place
-            narrowed = {d for r in res.reports for d in r.narrowed_first_saves}
-            added = {d for r in res.reports for d in r.narrowed_storages}
-            expected = (
-                sorted(res.first.keys_without(dropped | narrowed)) if dropped | narrowed else None
-            )
-            if expected is not None:
-                keys = sorted(k for s in res.saveall for k in s.keys_without(added))
-                exact = expected == keys
-            else:
-                exact = (res.first.count, res.first.nbytes) == saved_pair and (
-                    not res.first.storage_keys or sorted(res.first.storage_keys) == keys
-                )
-    within_budget: bool | None = None
-    if res.config in BUDGET_CONFIGS and res.first is not None and res.saved_bytes is not None:
-        within_budget = res.saved_bytes <= int(BUDGET_CONFIGS[res.config] * res.first.nbytes)
-    return Verdict(
-        within_budget=within_budget,
-        numerics=numerics,
-        no_fallbacks=no_fallbacks,
-        no_all_gather_saved=no_ag,
-        saveall_bytes_le_first=le_first,
-        saved_agree=agree,
-        replay_exact=exact,
-        error=res.error is not None,
-    )
