@@ -172,15 +172,11 @@ def _rank(
     import ap_epchunk
     import torch._inductor.compile_fx as cfx
     import torch.distributed as dist
-    from ap_backend import autoparallel_backend, precompile
-    from ap_epchunk import ChunkConfig, mark_chunk_dim
-    from ap_tags import annotate_module_fqns
+    from ap_backend import autoparallel_backend
+    from ap_epchunk import ChunkConfig
 
-    from zoo.ep import EP_BATCH
-    from zoo.models._base import token_batches
-    from zoo.models.expert_parallel import EP_MODELS as BUILDERS
+    from zoo.ep import precompiled_ep_step
     from zoo.models.expert_parallel import cpu_expert_parallel
-    from zoo.run import _rank_batches, _shard_params, _sharded_step
 
     cpu_expert_parallel()
     cfx.compile_fx_inner = _fx_inner  # type: ignore[assignment]
@@ -192,15 +188,7 @@ def _rank(
     out: dict[str, Any] = {"rank": rank, "models": {}, "load": []}
     torch._dynamo.config.cache_size_limit = 16
     for model in models:
-        zm = BUILDERS[model](1)
-        zm.batches = list(token_batches(1, batch=EP_BATCH))
-        (batch,) = _rank_batches(zm, rank)
-        step = _sharded_step(zm)
-        params = _shard_params(step)
-        for t in batch:
-            mark_chunk_dim(t, 0, hint=None)
-        with annotate_module_fqns(zm.module):
-            pm = precompile(step, batch)
+        pm, batch, params, _ = precompiled_ep_step(model, rank)
         compiled: dict[str, Any] = {}
         errors: dict[str, str] = {}
         for name, n, scheduler in VARIANTS:
@@ -307,15 +295,11 @@ def _inductor_rank(
 
     for key, value in settings.items():
         setattr(inductor_config, key, value)
-    from ap_backend import autoparallel_backend, precompile
-    from ap_epchunk import ChunkConfig, mark_chunk_dim
-    from ap_tags import annotate_module_fqns
+    from ap_backend import autoparallel_backend
+    from ap_epchunk import ChunkConfig
 
-    from zoo.ep import EP_BATCH
-    from zoo.models._base import token_batches
-    from zoo.models.expert_parallel import EP_MODELS as BUILDERS
+    from zoo.ep import precompiled_ep_step
     from zoo.models.expert_parallel import cpu_expert_parallel
-    from zoo.run import _rank_batches, _sharded_step
 
     cpu_expert_parallel()
     real_inner = cfx.compile_fx_inner
@@ -328,14 +312,7 @@ def _inductor_rank(
         return compiled
 
     cfx.compile_fx_inner = inner  # type: ignore[assignment]
-    zm = BUILDERS[model](1)
-    zm.batches = list(token_batches(1, batch=EP_BATCH))
-    (batch,) = _rank_batches(zm, rank)
-    step = _sharded_step(zm)
-    for t in batch:
-        mark_chunk_dim(t, 0, hint=None)
-    with annotate_module_fqns(zm.module):
-        pm = precompile(step, batch)
+    pm, batch, _, _ = precompiled_ep_step(model, rank)
     out: dict[str, Any] = {}
     for scheduled in (False, True):
         torch._dynamo.reset()

@@ -106,15 +106,11 @@ def _cases() -> list[tuple[str, int, bool]]:
 
 def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dict[str, Any]]:
     import torch._inductor.compile_fx as cfx
-    from ap_backend import autoparallel_backend, precompile
-    from ap_epchunk import ChunkConfig, mark_chunk_dim, schedule_chunk_overlap
-    from ap_tags import annotate_module_fqns
+    from ap_backend import autoparallel_backend
+    from ap_epchunk import ChunkConfig, schedule_chunk_overlap
 
-    from zoo.ep import EP_BATCH
-    from zoo.models._base import token_batches
-    from zoo.models.expert_parallel import EP_MODELS as BUILDERS
+    from zoo.ep import precompiled_ep_step
     from zoo.models.expert_parallel import cpu_expert_parallel
-    from zoo.run import _rank_batches, _shard_params, _sharded_step, _State
 
     cpu_expert_parallel()
     #: per graph handed to the inner compile: (is_backward, graph, its first call's inputs)
@@ -139,15 +135,7 @@ def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dic
     built: dict[str, Any] = {}
     for model, n, through_backend in cases:
         if model not in built:
-            zm = BUILDERS[model](1)
-            zm.batches = list(token_batches(1, batch=EP_BATCH))
-            (batch,) = _rank_batches(zm, rank)
-            step = _sharded_step(zm)
-            for t in batch:
-                mark_chunk_dim(t, 0, hint=None)
-            with annotate_module_fqns(zm.module):
-                pm = precompile(step, batch)
-            built[model] = (pm, batch, _shard_params(step), _State(step))
+            built[model] = precompiled_ep_step(model, rank)
         pm, batch, params, state = built[model]
         row: dict[str, Any] = {"model": model, "n": n, "rank": rank, "problems": []}
         runs = {}

@@ -37,13 +37,14 @@ from zoo.run import (
     _first_line,
     _grads_rel,
     _loss_rel,
+    _rank_batches,
     _shard_params,
     _sharded_step,
     _State,
     _train,
 )
 
-__all__ = ["EP_BATCH", "EP_MODELS", "EpResult", "run_ep_case"]
+__all__ = ["EP_BATCH", "EP_MODELS", "EpResult", "precompiled_ep_step", "run_ep_case"]
 
 EP_MODELS = ("tt_qwen3_moe", "tt_deepseek_v3")
 EP_BATCH = 8
@@ -65,6 +66,34 @@ class EpResult:
     eager_chunked_vs_eager_grad: float | None = None
     backend_s: float | None = None
     error: str | None = None
+
+
+def precompiled_ep_step(
+    model: str, rank: int
+) -> tuple[Any, tuple[torch.Tensor, ...], list[tuple[str, nn.Parameter]], _State]:
+    """Real-EP ``model`` (``zoo.models.expert_parallel``) for one step on this rank: its
+    rank's batch of ``EP_BATCH`` sequences with every input's token dim marked for chunking
+    (``mark_chunk_dim(t, 0, hint=None)``), precompiled under module-FQN annotation. Returns
+    ``(precompiled module, batch, parameter shards, state to restore)``: what the EP overlap
+    schedule's test and benchmark compile in their variants (``run_real_ep_case`` trains
+    several steps and marks only when it chunks)."""
+    from ap_backend import precompile
+    from ap_epchunk import mark_chunk_dim
+    from ap_tags import annotate_module_fqns
+
+    from zoo.models.expert_parallel import EP_MODELS as BUILDERS
+    from zoo.models.expert_parallel import cpu_expert_parallel
+
+    cpu_expert_parallel()
+    zm = BUILDERS[model](1)
+    zm.batches = list(token_batches(1, batch=EP_BATCH))
+    (batch,) = _rank_batches(zm, rank)
+    step = _sharded_step(zm)
+    for t in batch:
+        mark_chunk_dim(t, 0, hint=None)
+    with annotate_module_fqns(zm.module):
+        pm = precompile(step, batch)
+    return pm, batch, _shard_params(step), _State(step)
 
 
 def _eager_chunked(zm: ZooModel, n: int) -> nn.Module:
