@@ -105,13 +105,8 @@ class _Step(torch.nn.Module):
         self._zm = zm
 
     def forward(self, *batch: torch.Tensor) -> torch.Tensor:
-        zm = self._zm
-        inputs, rest = batch[: zm.n_model_inputs], batch[zm.n_model_inputs :]
-        if zm.input_names:
-            out = self.model(**dict(zip(zm.input_names, inputs, strict=True)), **zm.model_kwargs)
-        else:
-            out = self.model(*inputs, **zm.model_kwargs)
-        loss: torch.Tensor = zm.loss_fn(out, *rest)
+        args, kwargs, rest = self._zm.split(batch)
+        loss: torch.Tensor = self._zm.loss_fn(self.model(*args, **kwargs), *rest)
         return loss
 
 

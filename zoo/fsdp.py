@@ -32,6 +32,8 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from zoo.models._base import split_inputs
+
 __all__ = ["FsdpTrainStep", "ShardSpec", "shard_rows"]
 
 LossFn = Callable[..., torch.Tensor]
@@ -158,10 +160,8 @@ class FsdpTrainStep(nn.Module):
             state[fqn] = getattr(self, _attr_name(fqn))
         for fqn in self.buffer_fqns:
             state[fqn] = getattr(self, _attr_name(fqn))
-        model_args = tuple(inputs[: self.n_model_inputs])
-        kwargs = dict(self.model_kwargs)
-        if self.input_names is not None:
-            kwargs.update(zip(self.input_names, model_args, strict=True))
-            model_args = ()
+        model_args, kwargs, rest = split_inputs(
+            inputs, self.n_model_inputs, self.model_kwargs, self.input_names
+        )
         out = torch.func.functional_call(self.model, state, model_args, kwargs)
-        return self._loss_fn(out, *inputs[self.n_model_inputs :])
+        return self._loss_fn(out, *rest)

@@ -19,7 +19,7 @@ batches (no FSDP, no ap package), per SGD step:
 Where the jitter spread reaches the compiled gap, the gradient is not determined by fp32 to
 the zoo's tolerance, and a compiled run can only be judged against stock ``torch.compile`` of
 the same step (``zoo.run.matches_stock_where_undetermined``). Each value is the worst
-per-tensor normwise relative error (``zoo.run.rel_err`` with the zoo's gradient floor).
+per-tensor normwise relative error (the zoo's gradient measure, with its floor).
 """
 
 from __future__ import annotations
@@ -39,18 +39,14 @@ from torch import nn  # noqa: E402
 
 from zoo.models import MODELS  # noqa: E402
 from zoo.models._base import ZooModel  # noqa: E402
-from zoo.run import FP32_GRAD_RTOL, GRAD_FLOOR, LR, rel_err  # noqa: E402
+from zoo.run import FP32_GRAD_RTOL, LR, _grads_rel  # noqa: E402
 
 Grads = list[dict[str, torch.Tensor]]
 
 
 def _loss(zm: ZooModel, module: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    args = batch[: zm.n_model_inputs]
-    kwargs = dict(zm.model_kwargs)
-    if zm.input_names is not None:
-        kwargs.update(zip(zm.input_names, args, strict=True))
-        args = ()
-    out: torch.Tensor = zm.loss_fn(module(*args, **kwargs), *batch[zm.n_model_inputs :])
+    args, kwargs, rest = zm.split(batch)
+    out: torch.Tensor = zm.loss_fn(module(*args, **kwargs), *rest)
     return out
 
 
@@ -88,9 +84,10 @@ def train(
 
 
 def worst(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[float, str]:
-    """The zoo's gradient measure: worst per-tensor normwise error, with its floor."""
-    top = max(float(r.abs().max()) for r in ref.values())
-    return max((rel_err(got[n], r, GRAD_FLOOR * top), n) for n, r in ref.items())
+    """The zoo's gradient measure (``zoo.run._grads_rel``) on one step: the worst per-tensor
+    normwise error, with its floor, and which parameter."""
+    err, where = _grads_rel([got], [ref])
+    return err, where.removeprefix("step 1 ")
 
 
 def measure(name: str, seeds: int, steps: int = 2) -> list[str]:

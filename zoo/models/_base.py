@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BATCH", "SEQ", "VOCAB", "ZooModel", "token_batches"]
+__all__ = ["BATCH", "SEQ", "VOCAB", "ZooModel", "split_inputs", "token_batches"]
 
 #: Tiny sizes shared by the language models (the brief: batch 2-4, seq 16-32, vocab ~256).
 BATCH = 2
@@ -17,6 +17,23 @@ SEQ = 16
 VOCAB = 256
 
 LossFn = Callable[..., torch.Tensor]
+
+
+def split_inputs(
+    inputs: Sequence[Any],
+    n_model_inputs: int,
+    model_kwargs: dict[str, Any],
+    input_names: Sequence[str] | None,
+) -> tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...]]:
+    """One step's positional inputs as ``(model args, model kwargs, loss inputs)``: the first
+    ``n_model_inputs`` go to the model (by keyword when ``input_names`` names them, next to
+    the constant ``model_kwargs``), the rest to the loss after the model's output."""
+    args = tuple(inputs[:n_model_inputs])
+    kwargs = dict(model_kwargs)
+    if input_names is not None:
+        kwargs.update(zip(input_names, args, strict=True))
+        args = ()
+    return args, kwargs, tuple(inputs[n_model_inputs:])
 
 
 @dataclass
@@ -44,6 +61,12 @@ class ZooModel:
     @property
     def n_params(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
+
+    def split(
+        self, batch: Sequence[Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...]]:
+        """``batch`` as ``(model args, model kwargs, loss inputs)`` (:func:`split_inputs`)."""
+        return split_inputs(batch, self.n_model_inputs, self.model_kwargs, self.input_names)
 
 
 def token_batches(
