@@ -84,19 +84,19 @@ def _verdict(r: CaseResult) -> str:
 def _fp64_text(r: CaseResult) -> str:
     if r.fp64_grad_rel is None:
         return ""
-    return (
+    text = (
         f" distance to eager fp64: compiled loss {_e(r.fp64_loss_rel)} / grad "
         f"{_e(r.fp64_grad_rel)}, eager fp32 loss {_e(r.fp64_eager_loss_rel)} / grad "
         f"{_e(r.fp64_eager_grad_rel)}"
-        + (
-            f"; eager fp32 undetermined, compiled vs stock torch.compile loss "
-            f"{_e(r.vs_stock_loss_rel)} / grad {_e(r.vs_stock_grad_rel)}"
-            if r.eager_undetermined and r.vs_stock_grad_rel is not None
-            else "; eager fp32 undetermined"
-            if r.eager_undetermined
-            else ""
-        )
     )
+    if r.eager_undetermined:
+        text += "; eager fp32 undetermined"
+        if r.vs_stock_grad_rel is not None:
+            text += (
+                f", compiled vs stock torch.compile loss {_e(r.vs_stock_loss_rel)} / grad "
+                f"{_e(r.vs_stock_grad_rel)}"
+            )
+    return text
 
 
 def _row(r: CaseResult) -> str:
