@@ -38,7 +38,7 @@ def test_table_renders_every_number_of_the_summary() -> None:
         "steps": [{"step": 1, "loss_eager": 1.5, "loss_compiled": 1.25, "abs_diff": 0.25}],
         "max_grad_rel_diff": 1e-7,
         "saved": {
-            "first_partition": saved,
+            "first_partition": {**saved, "partitioner": "min_cut"},
             "save_all": saved,
             "min_cut_ac": {**saved, "count": 2},
             "min_cut_ac_untagged": {**saved, "all_gather_outputs_saved": 7},
@@ -51,6 +51,7 @@ def test_table_renders_every_number_of_the_summary() -> None:
     assert "| step 1 loss eager / compiled" in table and "1.500000 / 1.250000" in table
     assert "3 (1,234 B)" in table and "2 (1,234 B)" in table
     assert "0 / 0 / 0 / 7 / 5" in table
+    assert "| saved activations: first partition (min_cut)" in table
     assert "| buckets formed (fw + bw)" in table and "| 4 " in table
 
 
@@ -63,10 +64,12 @@ def test_table_reports_the_all_to_alls_per_moe_layer_before_and_after_chunking()
         "options": DemoOptions(chunk=True).__dict__,
         "steps": [{"step": 1, "loss_eager": 1.5, "loss_compiled": 1.25, "abs_diff": 0.25}],
         "max_grad_rel_diff": 1e-7,
-        "saved": dict.fromkeys(
-            ("first_partition", "save_all", "min_cut_ac", "min_cut_ac_untagged", "plain_compile"),
-            saved,
-        ),
+        "saved": {
+            **dict.fromkeys(
+                ("save_all", "min_cut_ac", "min_cut_ac_untagged", "plain_compile"), saved
+            ),
+            "first_partition": {**saved, "partitioner": "default"},
+        },
         "buckets_formed": 4,
         "expert_parallel": {
             "ranks": 2,

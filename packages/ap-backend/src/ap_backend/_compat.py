@@ -218,6 +218,16 @@ def default_partition() -> Callable[..., Any]:
     return fn
 
 
+def min_cut_partition() -> Callable[..., Any]:
+    """torch's ``min_cut_rematerialization_partition`` (what Inductor partitions with: saves a
+    min-cut of the joint graph, recomputing cheap pointwise work in the backward; honours the
+    ``recompute`` tags)."""
+    fn: Callable[..., Any] = SUPPORT.attr(
+        "torch._functorch.partitioners", "min_cut_rematerialization_partition"
+    )
+    return fn
+
+
 # --------------------------------------------------------------------------- structured trace
 
 

@@ -2,7 +2,17 @@
 that a second ``torch.compile`` can retrace with the tags intact.
 
 Why this shape: the first partition's decisions (FSDP all-gathers recomputed, everything else
-as torch's ``default_partition`` saved it) must survive into the second compile. ap-tags'
+as the first partitioner saved it) must survive into the second compile.
+
+Which first partitioner (``first_partition=``): torch's min-cut by default, as Inductor would
+partition the same tagged graph -- it honours the FSDP ``MUST_RECOMPUTE`` chains and the AC
+joint pass's tags, and recomputes cheap pointwise work inside the backward's kernels instead of
+saving it. At the token counts people train with (activations outweighing the gathered
+weights) that is what keeps the replay at or under plain ``torch.compile``'s saved bytes.
+``"default"`` is torch's ``default_partition`` (AutoParallel's ``apply_placement`` choice),
+which saves every intermediate the backward reads: smaller only where few tokens meet large
+weights. The replay is exact against whichever ran (the recomputed ops are in the first
+backward graph, so the retrace puts them in the second joint's backward). ap-tags'
 ``preserve_meta_compiler`` runs the partitioned graphs through an FX interpreter under
 ``preserve_node_meta``; the callable returned by ``aot_compile_joint_with_descriptors`` is
 ``nonstrict_trace``'d, so Dynamo does not inline it and AOTAutograd re-executes those
@@ -25,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import ap_epchunk
 import ap_tags
@@ -45,7 +55,7 @@ from ap_backend._trace import (
     translate_trace_error,
 )
 
-__all__ = ["FirstCompilation", "PrecompiledModule", "precompile"]
+__all__ = ["FirstCompilation", "FirstPartitioner", "PrecompiledModule", "precompile"]
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +64,17 @@ DEFAULT_MAX_SIGNATURES = 8
 
 Slot = tuple[nn.Module, str]
 
+#: The first compilation's partitioner: torch's min-cut (default) or its ``default_partition``.
+FirstPartitioner: TypeAlias = Literal["min_cut", "default"]
+_FIRST_PARTITIONERS: tuple[FirstPartitioner, ...] = ("min_cut", "default")
+
 
 @dataclass(frozen=True)
 class FirstCompilation:
-    """One first compilation: the call signature it is specialised to, what its partition
-    saved for backward (``first_partition``), the FSDP chains ap-tags tagged
-    (``fsdp_report``) and how long it took."""
+    """One first compilation: the call signature it is specialised to, which partitioner ran
+    (``partitioner``: ``"min_cut"`` or ``"default"``), what its partition saved for backward
+    (``first_partition``), the FSDP chains ap-tags tagged (``fsdp_report``) and how long it
+    took."""
 
     signature: CallSignature
     first_partition: SavedSummary
@@ -68,6 +83,7 @@ class FirstCompilation:
     fn: Callable[..., Any] = field(repr=False, compare=False)
     param_slots: tuple[Slot, ...] = field(repr=False, compare=False)
     buffer_slots: tuple[Slot, ...] = field(repr=False, compare=False)
+    partitioner: FirstPartitioner = "min_cut"
 
 
 def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...]:
@@ -91,15 +107,21 @@ def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...
     return tuple(slots)
 
 
-def _recording_default_partition(
+def _recording_partition(
     sink: list[SavedSummary],
+    which: FirstPartitioner,
     joint: torch.fx.GraphModule,
     joint_inputs: Any,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-    """torch's ``default_partition`` (the first compilation's partitioner), measured."""
+    """The first compilation's partitioner, measured. Min-cut is asked to partition as for
+    Inductor (``compiler="inductor"``: the second compilation is Inductor's, so what it deems
+    cheap to recompute is what Inductor fuses into the backward's kernels)."""
     kwargs.pop("compiler", None)
-    fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
+    if which == "min_cut":
+        fw, bw = _compat.min_cut_partition()(joint, joint_inputs, compiler="inductor", **kwargs)
+    else:
+        fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
     return fw, bw
 
@@ -123,6 +145,7 @@ class _Options:
     reshard_after_forward: bool
     joint_pass: JointPass | None
     max_signatures: int
+    first_partition: FirstPartitioner = "min_cut"
 
 
 def _first_compilation(
@@ -161,7 +184,9 @@ def _first_compilation(
         with partitioning(None, options.joint_pass):
             compiled_fn = compile_joint(
                 jd,
-                partition_fn=functools.partial(_recording_default_partition, summaries),
+                partition_fn=functools.partial(
+                    _recording_partition, summaries, options.first_partition
+                ),
                 fw_compiler=_retraceable(ap_tags.preserve_meta_compiler(tag_forward=True)),
                 bw_compiler=_retraceable(
                     ap_tags.preserve_meta_compiler(tag_forward=False), backward=True
@@ -173,12 +198,13 @@ def _first_compilation(
             "output require grad?)"
         )
     summary = summaries[0]
-    emit_json("ap_first_partition", summary.to_dict())
+    emit_json("ap_first_partition", {"partitioner": options.first_partition, **summary.to_dict()})
     return FirstCompilation(
         signature=signature,
         first_partition=summary,
         fsdp_report=fsdp_report,
         seconds=time.perf_counter() - start,
+        partitioner=options.first_partition,
         fn=compiled_fn,
         param_slots=_slots(module, jd.params_spec, "parameter"),
         buffer_slots=_slots(module, jd.buffers_spec, "buffer"),
@@ -220,6 +246,11 @@ class PrecompiledModule(nn.Module):
     def first_partition(self) -> SavedSummary:
         """What the first partition of ``precompile``'s own call saved for backward."""
         return self._first.first_partition
+
+    @property
+    def first_partitioner(self) -> FirstPartitioner:
+        """Which partitioner the first compilation ran: ``"min_cut"`` or ``"default"``."""
+        return self._first.partitioner
 
     @property
     def fsdp_report(self) -> ap_tags.FsdpTagReport:
@@ -297,6 +328,7 @@ def precompile(
     reshard_after_forward: bool = True,
     joint_pass: JointPass | None = None,
     max_signatures: int = DEFAULT_MAX_SIGNATURES,
+    first_partition: FirstPartitioner = "min_cut",
 ) -> PrecompiledModule:
     """Run the first compilation of ``module(*example_args, **example_kwargs)`` and return a
     module that ``torch.compile(..., backend=autoparallel_backend())`` retraces with the tags
@@ -315,6 +347,13 @@ def precompile(
     joint graph right before the first partition, as ``torch._functorch.config.
     joint_custom_pass`` would. ``reshard_after_forward=True`` tags every FSDP all-gather chain
     MUST_RECOMPUTE (the backward re-gathers); ``False`` saves the gathered weight instead.
+
+    ``first_partition`` picks the first compilation's partitioner, whose saved set the
+    backend's save-all partitioner replays: ``"min_cut"`` (default) is torch's min-cut on the
+    tagged joint graph, as Inductor would partition it -- at real token counts it saves no more
+    than plain ``torch.compile`` and never an all-gathered weight; ``"default"`` is torch's
+    ``default_partition`` (AutoParallel's choice), which saves every intermediate the backward
+    reads. ``first_partitioner`` and the ``ap_first_partition`` artifact say which ran.
     """
     where = "precompile"
     require_instance(module, nn.Module, where=where, arg="module", expected="an nn.Module")
@@ -328,13 +367,17 @@ def precompile(
     require_bool(reshard_after_forward, where=where, arg="reshard_after_forward")
     require_callable(joint_pass, where=where, arg="joint_pass", optional=True)
     require_int(max_signatures, where=where, arg="max_signatures", minimum=1)
+    if first_partition not in _FIRST_PARTITIONERS:
+        choices = " or ".join(repr(c) for c in _FIRST_PARTITIONERS)
+        raise ValueError(f"{where}: first_partition must be {choices}, got {first_partition!r}")
     args = tuple(example_args)
     kwargs = dict(example_kwargs or {})
     refuse_dynamic_dims(module, args, kwargs, where=where, limit=max_signatures)
-    options = _Options(reshard_after_forward, joint_pass, max_signatures)
+    options = _Options(reshard_after_forward, joint_pass, max_signatures, first_partition)
     first = _first_compilation(module, args, kwargs, options, where=where)
     log.info(
-        "precompile: first partition saved %d activations (%d bytes), %d all-gather outputs",
+        "precompile: first partition (%s) saved %d activations (%d bytes), %d all-gather outputs",
+        first.partitioner,
         first.first_partition.count,
         first.first_partition.nbytes,
         len(first.first_partition.all_gather_outputs),

@@ -107,7 +107,7 @@ def summarize(opts: DemoOptions, ranks: list[dict[str, Any]], wall_s: float) -> 
         "mismatches": sum(len(r["variants"]["autoparallel"]["mismatches"]) for r in ranks),
         "saved": {
             "first_partition": {
-                k: first[k] for k in ("count", "bytes", "all_gather_outputs_saved")
+                k: first[k] for k in ("partitioner", "count", "bytes", "all_gather_outputs_saved")
             },
             "save_all": {k: second[k] for k in ("count", "bytes", "all_gather_outputs_saved")},
             "min_cut_ac": {k: mc[k] for k in ("count", "bytes", "all_gather_outputs_saved")},

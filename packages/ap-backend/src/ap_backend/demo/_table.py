@@ -28,7 +28,7 @@ def render_table(s: dict[str, Any]) -> str:
         )
     rows.append(("max grad rel diff (all ranks, steps)", f"{s['max_grad_rel_diff']:.2e}"))
     labels = {
-        "first_partition": "first partition (default)",
+        "first_partition": f"first partition ({s['saved']['first_partition']['partitioner']})",
         "save_all": "SaveAll (backend)",
         "min_cut_ac": "min-cut + AC",
         "min_cut_ac_untagged": "min-cut + AC, no first compile",

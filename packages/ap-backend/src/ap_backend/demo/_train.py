@@ -259,7 +259,10 @@ def _run_variant(
         _mark_token_inputs(variant.backend_kwargs, batches[0])
         pm = precompile(model, batches[0], joint_pass=joint_pass)
         out["precompile_s"] = time.perf_counter() - t0
-        out["first_partition"] = pm.first_partition.to_dict()
+        out["first_partition"] = {
+            "partitioner": pm.first_partitioner,
+            **pm.first_partition.to_dict(),
+        }
         out["fsdp_chains"] = len(pm.fsdp_report.chains)
         out["n_params"] = len(list(model.parameters()))
         backend = autoparallel_backend(**variant.backend_kwargs)
