@@ -46,6 +46,13 @@ def test_valid_options_are_normalised() -> None:
     assert isinstance(be.options.bucketing, BucketingConfig)
     assert be.options.partitioner == "save_all"
     assert autoparallel_backend(bucketing=False).options.bucketing is None
+    assert autoparallel_backend(bucketing=None).options.bucketing is None
+
+
+def test_bucketing_is_on_by_default() -> None:
+    """The default configuration buckets: unbucketed, every weight's backward re-gather is a
+    kernel of its own, and the default would generate more kernels than plain compile."""
+    assert autoparallel_backend().options.bucketing == BucketingConfig()
 
 
 def test_custom_partitioner_is_accepted_as_is() -> None:

@@ -243,7 +243,7 @@ def autoparallel_backend(
     enable_ac: bool = False,
     ac_stage_size_gib: float | str = "auto",
     overlap_scheduling: bool = False,
-    bucketing: ap_bucketing.BucketingConfig | bool | None = None,
+    bucketing: ap_bucketing.BucketingConfig | bool | None = True,
     ep_chunk: ap_epchunk.ChunkConfig | None = None,
     partitioner: str | Any | None = None,
     activation_budget_bytes: int | None = None,
@@ -254,8 +254,14 @@ def autoparallel_backend(
       ``"auto"`` or a positive size in GiB).
     * ``overlap_scheduling``: Inductor's overlap scheduler for forward and backward (works on
       CPU-only machines: analytical estimators, no fusion regions).
-    * ``bucketing``: ``True`` or an ``ap_bucketing.BucketingConfig`` enables topo-span-bounded
-      FSDP bucketing for every graph this backend compiles, including the lazy backward.
+    * ``bucketing``: topo-span-bounded FSDP bucketing for every graph this backend compiles,
+      including the lazy backward -- on by default (``True``: ``ap_bucketing.
+      BucketingConfig()``; or a ``BucketingConfig`` of your own); ``False``/``None`` turns it
+      off. Why on by default: resharding after forward re-gathers every weight in the
+      backward, and each re-gather costs its own cast-and-copy kernel (one per weight,
+      unbucketed); a bucket pays one for all its weights, which is what keeps the default's
+      kernel count at or under plain ``torch.compile``'s. Bucketing is exact (the same
+      values reach every consumer), and a graph without FSDP collectives is left as it is.
     * ``ep_chunk``: an ``ap_epchunk.ChunkConfig``; chunks the selected regions of the joint graph
       and concretizes the chunk symbols before partitioning, then (``schedule_overlap``, on by
       default) pipelines each chunked region so one chunk's token exchange runs under another
