@@ -74,6 +74,11 @@ class CaseResult:
     fsdp_chains: int | None = None
     # the three saved measures
     first: Saved | None = None
+    # "default" cases: torch's min-cut on the same tagged graph (the first compilation's
+    # output, no AC), what the replay must not exceed
+    tagged_min_cut: Saved | None = None
+    # which partitioner the first compilation ran ("min_cut" / "default"; "" in older records)
+    first_partitioner: str = ""
     saveall: list[Saved] = field(default_factory=list)
     reports: list[Report] = field(default_factory=list)
     # timings (seconds)
@@ -108,10 +113,12 @@ class CaseResult:
     def from_dict(data: dict[str, Any]) -> CaseResult:
         data = dict(data)
         first = data.pop("first", None)
+        tagged = data.pop("tagged_min_cut", None)
         saveall = data.pop("saveall", [])
         reports = data.pop("reports", [])
         res = CaseResult(**data)
         res.first = Saved(**first) if first is not None else None
+        res.tagged_min_cut = Saved(**tagged) if tagged is not None else None
         res.saveall = [Saved(**s) for s in saveall]
         res.reports = [Report(**r) for r in reports]
         return res

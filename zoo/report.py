@@ -120,6 +120,8 @@ def _row(r: CaseResult) -> str:
     tol = numerics_tolerance(r)
     tol_s = "—" if tol is None else f"{_e(tol[0])} / {_e(tol[1])}"
     first = _nb(r.first.count, r.first.nbytes) if r.first else "—"
+    if r.tagged_min_cut is not None:
+        first += f" (tagged min-cut {_nb(r.tagged_min_cut.count, r.tagged_min_cut.nbytes)})"
     ag = "/".join("—" if a is None else str(a) for a in r.all_gather_saved)
     fb = "—" if not r.reports else f"{r.fallbacks}/{len(r.reports)}"
     chains = "—" if r.fsdp_chains is None else f"{r.fsdp_chains}/{r.n_shards}"

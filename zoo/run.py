@@ -299,7 +299,7 @@ def _eager_fp64(model: str, steps: int, rank: int) -> Run:
 
 
 def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[str]) -> None:
-    from ap_backend import autoparallel_backend, precompile
+    from ap_backend import autoparallel_backend, measure_saved, precompile
 
     step = _sharded_step(zm)
     params = _shard_params(step)
@@ -321,6 +321,14 @@ def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[s
     state.restore()
     res.fsdp_chains = int(pm.fsdp_report.chains_found)
     res.first = _saved(pm.first_partition)
+    res.first_partitioner = pm.first_partitioner
+    if config == "default":
+        stage[0] = "measure_saved(min_cut) on the tagged graph"
+        res.tagged_min_cut = _saved(
+            measure_saved(pm, batches[0], partitioner="min_cut", enable_ac=False)
+        )
+        state.restore()
+        torch._dynamo.reset()
 
     stage[0] = "torch.compile(backend=autoparallel_backend)"
     if config in BUDGET_CONFIGS:

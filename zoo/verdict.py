@@ -45,6 +45,7 @@ class Verdict:
     replay_exact: bool | None
     error: bool
     within_budget: bool | None = None
+    saveall_bytes_le_tagged_min_cut: bool | None = None
 
     def failures(self) -> list[str]:
         names = {
@@ -54,6 +55,7 @@ class Verdict:
             "SaveAll bytes > first": self.saveall_bytes_le_first,
             "saved measures disagree": self.saved_agree,
             "replay differs from first": self.replay_exact,
+            "SaveAll bytes > tagged min-cut": self.saveall_bytes_le_tagged_min_cut,
             "over budget": self.within_budget,
         }
         out = ["error"] if self.error else []
@@ -149,6 +151,9 @@ def evaluate(res: CaseResult) -> Verdict:
                 exact = (res.first.count, res.first.nbytes) == saved_pair and (
                     not res.first.storage_keys or sorted(res.first.storage_keys) == keys
                 )
+    le_tagged: bool | None = None
+    if res.tagged_min_cut is not None and res.saved_bytes is not None:
+        le_tagged = res.saved_bytes <= res.tagged_min_cut.nbytes
     within_budget: bool | None = None
     if res.config in BUDGET_CONFIGS and res.first is not None and res.saved_bytes is not None:
         within_budget = res.saved_bytes <= int(BUDGET_CONFIGS[res.config] * res.first.nbytes)
@@ -161,4 +166,5 @@ def evaluate(res: CaseResult) -> Verdict:
         saved_agree=agree,
         replay_exact=exact,
         error=res.error is not None,
+        saveall_bytes_le_tagged_min_cut=le_tagged,
     )

@@ -1,7 +1,8 @@
 """Save a widening cast's narrow source instead of the cast (SaveAll, after the save rules).
 
-Why: the first compilation's partition is torch's ``default_partition``, which saves what
-eager autograd saves. Under bf16 mixed precision that includes the fp32 upcast a norm takes of
+Why: a first compilation partitioned by torch's ``default_partition`` (``precompile(
+first_partition="default")``, AutoParallel's choice; the default first partition is min-cut,
+which already saves the narrow side) saves what eager autograd saves. Under bf16 mixed precision that includes the fp32 upcast a norm takes of
 the bf16 residual stream (RMSNorm's ``x.float()``): ``convert_element_type(h, float32)``,
 with ``h = h_prev + attn_out`` a bf16 add. Eager rounds ``h`` to bf16 and widens the rounded
 value. Inductor does not: it computes a bf16 pointwise op in fp32 and elides the

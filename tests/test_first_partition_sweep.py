@@ -1,0 +1,143 @@
+"""The first partition and its replay never save more than torch's min-cut on the same tagged
+graph, and less than plain ``torch.compile`` wherever that keeps all-gathered weights.
+
+Why a sweep: which partition wins depends on the regime. Where few tokens meet large weights
+the all-gathered weights plain ``torch.compile`` keeps dominate; at the token counts people
+train with (>= 2048 tokens per rank) the activations do, and a first partition that saves every
+intermediate the backward reads (torch's ``default_partition``) lost to plain compile there. So
+every regime is measured: tokens per rank 64 to 8192, dim 128 to 1024, 2 to 8 layers, AC on
+and off (in the first compilation too), fp32 and bf16 gathers, and torchtitan's Llama3 at seq
+1024 (a model nobody here wrote).
+
+Per point, on the fake process group (world 8; structure only, the bytes are exact):
+
+* ``plain``: stock Inductor's partition of the untagged model (min-cut, no AC);
+* ``tagged``: torch's min-cut on ``precompile``'s output, AC as in the first compilation;
+* ``first``: what ``precompile``'s first partition saved (min-cut by default);
+* ``replay``: the backend's save-all replay of it.
+
+The replay must save the first partition's storages exactly, no all-gathered weight, no more
+than ``tagged``, and less than ``plain`` when ``plain`` saves all-gather outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ap_backend
+import ap_tags
+import pytest
+import torch
+from ap_backend.models import ModelConfig, Sharding, Transformer
+from ap_testing.distributed import fake_world
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Point:
+    batch: int
+    seq: int
+    dim: int
+    layers: int
+    ac: bool
+    gather_dtype: torch.dtype | None
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    def __str__(self) -> str:
+        dtype = "bf16" if self.gather_dtype is torch.bfloat16 else "fp32"
+        ac = "ac" if self.ac else "noac"
+        return f"t{self.tokens}-d{self.dim}-l{self.layers}-{ac}-{dtype}"
+
+
+POINTS = (
+    Point(1, 64, 512, 2, False, None),  # weights dominate
+    Point(2, 512, 256, 2, False, torch.bfloat16),  # the issue's CPU shape
+    Point(2, 512, 256, 2, True, torch.bfloat16),
+    Point(1, 2048, 128, 4, True, None),
+    Point(4, 2048, 128, 2, False, torch.bfloat16),  # 8192 tokens per rank
+    Point(1, 2048, 1024, 2, False, None),
+    Point(2, 128, 128, 8, False, torch.bfloat16),
+)
+
+
+@dataclass(frozen=True)
+class Measured:
+    plain: ap_backend.SavedSummary
+    tagged: ap_backend.SavedSummary
+    first: ap_backend.SavedSummary
+    replay: ap_backend.SavedSummary
+    first_partitioner: str
+
+
+def measure(module: nn.Module, batch: tuple[Any, ...], ac: bool) -> Measured:
+    """The four saved sets of one model (see the module docstring)."""
+    plain = ap_backend.measure_saved(module, batch, partitioner="min_cut", enable_ac=False)
+    torch.compiler.reset()
+    joint_pass = ap_tags.ac_joint_pass() if ac else None
+    pm = ap_backend.precompile(module, batch, joint_pass=joint_pass)
+    torch.compiler.reset()
+    replay = ap_backend.measure_saved(pm, batch, partitioner="save_all", enable_ac=ac)
+    torch.compiler.reset()
+    tagged = ap_backend.measure_saved(pm, batch, partitioner="min_cut", enable_ac=ac)
+    torch.compiler.reset()
+    return Measured(plain, tagged, pm.first_partition, replay, pm.first_partitioner)
+
+
+def check(m: Measured) -> None:
+    detail = {k: (getattr(m, k).count, getattr(m, k).nbytes) for k in ("plain", "tagged", "first")}
+    detail["replay"] = (m.replay.count, m.replay.nbytes)
+    assert m.first_partitioner == "min_cut"
+    assert m.replay.storage_keys == m.first.storage_keys, detail
+    assert m.replay.all_gather_outputs == (), m.replay.all_gather_outputs
+    assert m.replay.nbytes <= m.tagged.nbytes, detail
+    if m.plain.all_gather_outputs:
+        assert m.replay.nbytes < m.plain.nbytes, detail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", POINTS, ids=str)
+def test_replay_saves_no_more_than_tagged_min_cut_and_less_than_plain(point: Point) -> None:
+    with fake_world(8):
+        cfg = ModelConfig(
+            dim=point.dim,
+            n_layers=point.layers,
+            n_heads=4,
+            ffn_dim=2 * point.dim,
+            vocab=1024,
+            seq_len=point.seq,
+            batch=point.batch,
+        )
+        model = Transformer(cfg, Sharding.from_world(gather_dtype=point.gather_dtype))
+        check(measure(model, model.example_batch(0, 0), point.ac))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ac", [False, True], ids=["noac", "ac"])
+def test_torchtitan_llama3_at_seq_1024(ac: bool) -> None:
+    """torchtitan's Llama3 (2 layers, dim 256), FSDP-sharded by the zoo's ``FsdpTrainStep``."""
+    pytest.importorskip("torchtitan")
+    from zoo.fsdp import FsdpTrainStep
+    from zoo.models import torchtitan_models
+
+    with fake_world(8):
+        zm = torchtitan_models.llama3(1, n_layers=2, dim=256, seq=1024)
+        step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
+        check(measure(step, tuple(zm.batches[0]), ac))
+
+
+def test_default_partition_stays_an_option() -> None:
+    """``first_partition="default"`` runs torch's ``default_partition`` (AutoParallel's choice),
+    says so, and is replayed exactly too; a name that is neither is refused."""
+    with fake_world(8):
+        model = Transformer(ModelConfig(), Sharding.from_world())
+        batch = model.example_batch(0, 0)
+        pm = ap_backend.precompile(model, batch, first_partition="default")
+        assert pm.first_partitioner == "default"
+        replay = ap_backend.measure_saved(pm, batch, partitioner="save_all", enable_ac=False)
+        assert replay.storage_keys == pm.first_partition.storage_keys
+        with pytest.raises(ValueError, match="first_partition must be 'min_cut' or 'default'"):
+            ap_backend.precompile(model, batch, first_partition="greedy")  # type: ignore[arg-type]
