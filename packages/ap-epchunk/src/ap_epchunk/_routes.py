@@ -7,10 +7,11 @@ sizes of an expert-parallel exchange) is exact on a joint graph traced by
 :func:`ap_epchunk.tag_backward_module_fqns`). On a joint graph AOTAutograd traced straight from
 Dynamo -- ``torch.compile(step, backend=autoparallel_backend(ep_chunk=...))`` with
 ``capture_scalar_outputs=True``, no first compilation -- the chunked graph compiles and then
-fails at run time (measured on torchtitan's Qwen3-MoE with real expert parallelism at 2 gloo
-ranks: ``Eq(u32 + u34, 256)`` unmarked or statically marked; with ``hint=N`` the lazily
-compiled backward's ``repeat_interleave(..., output_size=u7 + u8)`` raises "allocated size does
-not match required size"). Such a plan is refused at compile time, naming the route that works.
+fails at run time (torchtitan's Qwen3-MoE with real expert parallelism at 2 gloo ranks: with
+the tokens marked ``hint=N`` the lazily compiled backward's ``repeat_interleave(...,
+output_size=u7 + u8)`` raised "allocated size does not match required size"; issue 34 reports
+``Eq(u32 + u34, 256)`` in the forward with static token placeholders). Such a plan is refused
+at compile time, naming the route that works.
 """
 
 from __future__ import annotations
