@@ -72,6 +72,14 @@ def test_demo_subprocess_table_agrees_with_json(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # without --verbose the output is the demo's own: progress lines and the table, none of
+    # torch's per-rank INFO lines or no-CUDA warnings (issue 34)
+    own = re.compile(r"(\[ap-backend demo\] |ap-backend demo: |\|)")
+    foreign = [line for line in proc.stdout.splitlines() if line and not own.match(line)]
+    assert foreign == [], foreign
+    for text in ("pre_bucket_fsdp_collectives", "No CUDA runtime is found"):
+        assert text not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert not re.search(r"^\[rank\d+\]:I", proc.stderr, re.M), proc.stderr[-3000:]
     data = json.loads(out_json.read_text())
     table = proc.stdout
     assert len(data["steps"]) == 2

@@ -106,6 +106,8 @@ class UserNet(nn.Module):
             return h.pow(2).mean()
         if self.loss == "sum":
             return h.pow(2).sum()
+        if self.loss == "transposed":  # its backward moves the tokens to dim 1, then flattens
+            return h.t().reshape(-1).pow(2).sum()
         return h  # the loss is the caller's (the ordinary torch.compile(model) use)
 
 
@@ -157,14 +159,40 @@ def test_a_user_net_chunks_through_hinted_marks(loss: str) -> None:
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.parametrize("loss", ["mean", "sum", "outside"])
+def test_a_user_net_chunks_through_static_marks(loss: str) -> None:
+    """``mark_chunk_dim(x, 0, hint=None)`` (static sizes) on the same nets (issue 34, item 3):
+    the scalar loss's backward broadcasts the loss gradient to the full batch
+    (``expand(g, [8, 8])``: chunked like a creation op along the dim its consumer needs) and
+    the loss outside the module hands in a full-batch tangent (chunk-sized along the dim its
+    forward output carries); gradients equal ``EagerChunked`` and eager."""
+    torch.manual_seed(0)
+    net = UserNet(loss)
+    ref_net = copy.deepcopy(net)
+    ref_net.moe = EagerChunked(ref_net.moe, 0, 2)
+    x = torch.randn(USER_BATCH, D, generator=torch.Generator().manual_seed(1))
+    ref = _user_grads(ref_net, x.clone(), loss)
+    eager = _user_grads(copy.deepcopy(net), x.clone(), loss)
+    marked = mark_chunk_dim(x.clone(), 0, hint=None)
+    pm = precompile(net, (marked,))
+    backend = autoparallel_backend(ep_chunk=USER_CHUNK)
+    got = _user_grads(torch.compile(pm, backend=backend), marked, loss)
+    (report,) = backend.chunk_reports
+    assert report.mode == "static"
+    assert sorted(r.backward for r in report.regions) == [False, True]
+    assert _rel(got[:1], ref[:1]) <= 1e-6 and _rel(got, ref) <= 1e-5, _rel(got, ref)
+    assert _rel(got, eager) <= 1e-5, _rel(got, eager)
+
+
 def test_the_static_route_refusal_names_the_hinted_route() -> None:
-    """``hint=None`` keeps the sizes static, where a loss's backward expanding to the full batch
-    cannot be told from a constant: refused at the node where propagation failed, naming the
-    mark that works."""
+    """Where static sizes cannot say where the tokens went (the backward of
+    ``h.t().reshape(-1)`` views the flat gradient back and moves the tokens to dim 1), the
+    refusal names the node where propagation failed and the mark that works, at compile
+    time."""
     torch.manual_seed(0)
     x = torch.randn(USER_BATCH, D)
     mark_chunk_dim(x, 0, hint=None)
-    pm = precompile(UserNet("mean"), (x,))
+    pm = precompile(UserNet("transposed"), (x,))
     compiled = torch.compile(pm, backend=autoparallel_backend(ep_chunk=USER_CHUNK))
     with pytest.raises(Exception, match=r"shape propagation of the chunk dim first failed") as e:
         compiled(x)

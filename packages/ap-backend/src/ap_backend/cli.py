@@ -4,12 +4,14 @@
 :func:`ap_backend.demo.run_demo`. Exit status: 0 ok; 1 a loss/grad mismatch against eager; 2 a
 bad option, one line, before any rank starts (``--json``'s directory must exist and be
 writable; ``--fsdp simple`` needs torchtitan); 130 on Ctrl-C and 143 on SIGTERM, one line, with
-every rank stopped (``spawn_ranks`` terminates them).
+every rank stopped (``spawn_ranks`` terminates them). Output: the demo's progress lines and
+table; ``--verbose`` adds torch's own log lines from every rank (``demo/_quiet.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -97,6 +99,13 @@ def _parser() -> _Parser:
         "DTensor parameters; needs torchtitan) (ap)",
     )
     demo.add_argument("--json", metavar="PATH", default=None, help="also write the numbers here")
+    demo.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print torch's own log lines from every rank (Inductor INFO lines such as "
+        "pre_bucket_fsdp_collectives, the no-CUDA-runtime warning); off: the demo's progress "
+        "lines and table only",
+    )
     return parser
 
 
@@ -143,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "demo":
         parser.error("expected a command: demo (or --version)")
     from ap_backend.demo import DemoOptions, render_table, run_demo
+    from ap_backend.demo._quiet import QUIET_DEMO_LOGS
 
     if args.json is not None:
         _check_json_path(parser, args.json)
@@ -158,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {f.name for f in dataclasses.fields(DemoOptions)}
     opts = DemoOptions(**{k: v for k, v in vars(args).items() if k in known})
     try:
-        with _SIGTERM_RAISES:
+        with _SIGTERM_RAISES, contextlib.nullcontext() if args.verbose else QUIET_DEMO_LOGS:
             print(f"[ap-backend demo] spawning {opts.ranks} ranks ...", flush=True)
             summary = run_demo(opts, args.json)
     except KeyboardInterrupt:

@@ -28,8 +28,9 @@ def unknown_refusal(node: torch.fx.Node, d: Unknown, what: str) -> ChunkError:
 
 #: The way out of a static-mode refusal (only the static probe produces ``Unknown``).
 _HINTED_ROUTE = (
-    ". Static sizes cannot always tell the token dim from a constant (a loss's backward "
-    "expands to the full batch shape, a norm's backward to the full tangent): mark the token "
+    ". Static sizes cannot always tell the token dim from a constant (a view that flattens "
+    "the tokens with another dim, a size equal to the token extent no input explains): mark "
+    "the token "
     "inputs with ap_epchunk.mark_chunk_dim(t, dim, hint=t.shape[dim]) instead of hint=None, "
     "before precompile (or the first compiled call), and the token dim is one unbacked symbol "
     "that every batch-derived size follows"

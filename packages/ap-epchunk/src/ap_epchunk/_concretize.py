@@ -3,7 +3,8 @@
 Between chunking and codegen the chunk extents stay symbolic (``u0``, ``u0 // 2``) so that
 schedulers can reason about them. Backends must not see them, so this pass replaces **only the
 chunk symbols** (recorded by ``chunk_pass`` in ``gm.meta``; without that record, the hinted
-unbacked symbols of the placeholders) by their hints:
+unbacked symbols of the placeholders' ``meta["val"]`` or ``meta["example_value"]``, tensor
+sizes or SymInts) by their hints:
 
 1. in node args/kwargs and in ``meta["val"]``/``meta["example_value"]`` of ``gm`` and of every
    GraphModule reachable from it through ``get_attr`` or node args (higher-order-op subgraphs);
@@ -36,7 +37,7 @@ from ap_tags.scoped import paused_gc
 
 from ._errors import ChunkError
 from ._passes import CHUNK_SYMBOLS_META
-from ._shapes import find_chunk_symbols
+from ._shapes import placeholder_hints
 from ._symbols import free_symbols, subst_value
 
 aten = torch.ops.aten
@@ -244,7 +245,7 @@ def _concretize(
 ) -> ConcretizeReport:
     hints: dict[str, int] | None = gm.meta.get(CHUNK_SYMBOLS_META)
     if hints is None:
-        hints = {s.name: h for s, h in find_chunk_symbols(gm.graph, 1).items()}
+        hints = {s.name: h for s, h in placeholder_hints(gm.graph).items()}
     rep = ConcretizeReport(symbols=dict(hints))
     if not hints:
         return rep

@@ -20,6 +20,7 @@ from ._errors import ChunkError
 from ._plan import make_plan
 from ._regions import find_regions, module_fqns
 from ._rewrite import Rewriter
+from ._routes import check_route
 from ._shapes import build_shapes
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ def _chunk_pass(gm: torch.fx.GraphModule, config: ChunkConfig) -> ChunkReport:
         )
     shapes = build_shapes(work, config.num_chunks, config.chunk_inputs, config.dim)
     plan = make_plan(regions, shapes, config.early_grad_accumulation)
+    check_route(work, plan)
     report = ChunkReport(num_chunks=config.num_chunks, mode=shapes.mode)
     report.chunk_symbols = {str(s): h for s, h in shapes.symbol_hints().items()}
     Rewriter(work, plan, shapes, fqns, report).run()

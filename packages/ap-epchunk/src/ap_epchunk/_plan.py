@@ -22,7 +22,6 @@ Every refusal raises ``ChunkError`` here, before any mutation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
@@ -34,48 +33,12 @@ from ._body_checks import check_body_node, unknown_refusal
 from ._chunk_dims import MULTI, ChunkShapes, Unknown
 from ._compat import all_reduce_op
 from ._errors import ChunkError, source_of
+from ._plan_types import Materialize, Plan, RegionPlan
 from ._region_collectives import check_collectives
 from ._regions import Region
 from ._symbols import free_symbols
 
 aten = torch.ops.aten
-
-
-@dataclass(eq=False)
-class RegionPlan:
-    root: str
-    backward: bool
-    body: list[torch.fx.Node] = field(default_factory=list)
-    splits: list[torch.fx.Node] = field(default_factory=list)
-    routed: set[torch.fx.Node] = field(default_factory=set)
-    scalars: list[torch.fx.Node] = field(default_factory=list)
-    chains: dict[torch.fx.Node, int] = field(default_factory=dict)
-    followers: set[torch.fx.Node] = field(default_factory=set)
-    materialize: list[Materialize] = field(default_factory=list)
-    #: collectives of the region left out of the body (no chunk influence: shared by every
-    #: chunk, e.g. an FSDP all-gather of an expert weight)
-    shared_collectives: list[torch.fx.Node] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class Materialize:
-    live_out: torch.fx.Node
-    kind: str  # "cat" | "sum" | "ssum" | "last" | "same"
-    dim: int | None
-    start: torch.fx.Node  # materialized value; == live_out unless accumulated early
-    chain: list[torch.fx.Node]  # nodes replayed once on the full value, ending at live_out
-    full_users: list[torch.fx.Node]
-
-
-@dataclass
-class Plan:
-    regions: list[RegionPlan]
-    owner: dict[torch.fx.Node, RegionPlan]
-    split_dim: dict[torch.fx.Node, int]
-    scalars: set[torch.fx.Node]
-    tokenish: dict[torch.fx.Node, bool] = field(default_factory=dict)
-    #: unbacked symbols bound by data-dependent body ops (refreshed per chunk by the rewrite)
-    body_unbacked: set[Any] = field(default_factory=set)
 
 
 def _carries_tokens(node: torch.fx.Node, shapes: ChunkShapes) -> bool:

@@ -9,15 +9,11 @@ refuses any other collective in a chunk body.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch.fx
 from ap_tags.graph import is_collective, op_overload
 
 from ._errors import ChunkError, source_of
-
-if TYPE_CHECKING:
-    from ._plan import Plan, RegionPlan
+from ._plan_types import Plan, RegionPlan
 
 
 def is_all_to_all(node: torch.fx.Node) -> bool:

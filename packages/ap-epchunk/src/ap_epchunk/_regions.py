@@ -198,4 +198,61 @@ def find_regions(
         root = root_of(fqns[node], patterns)
         if root is not None:
             members.setdefault((root, is_backward_node(node)), []).append(node)
-    return [Region(root, bw, tuple(nodes)) for (root, bw), nodes in members.items()]
+    owner = {n: key for key, nodes in members.items() for n in nodes}
+    for guard in graph.find_nodes(op="call_function", target=_ASSERT_SCALAR):
+        if guard in fqns or already_chunked(guard):
+            continue
+        adopted = _guard_chain(guard, owner, fqns)
+        if adopted is not None:
+            key, chain = adopted
+            members[key].extend(chain)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return [
+        Region(root, bw, tuple(sorted(nodes, key=order.__getitem__)))
+        for (root, bw), nodes in members.items()
+    ]
+
+
+_ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
+
+
+def _guard_chain(
+    guard: torch.fx.Node,
+    owner: dict[torch.fx.Node, tuple[str, bool]],
+    fqns: dict[torch.fx.Node, str],
+) -> tuple[tuple[str, bool], list[torch.fx.Node]] | None:
+    """A runtime guard no module owns (``_assert_scalar`` of a deferred runtime assert, traced
+    outside every module) whose condition reads the values of exactly one region of its own
+    direction -- ``u1 + u2 == x.size(0)`` over the data-dependent split sizes of a body --
+    belongs to that region: the chunked body checks it once per chunk, on that chunk's values,
+    as running the module chunk by chunk would. Returns the region's key and the guard with
+    the module-less scalar nodes between it and the region (each used only by the guard's
+    condition), or None when the condition reads no region, several, or the other direction."""
+    chain: list[torch.fx.Node] = [guard]
+    keys: set[tuple[str, bool]] = set()
+    todo = list(guard.all_input_nodes)
+    seen: set[torch.fx.Node] = set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in owner:
+            keys.add(owner[node])
+        elif (
+            node.op == "call_function"
+            and node not in fqns
+            and not isinstance(node.meta.get("val"), torch.Tensor)
+        ):
+            chain.append(node)
+            todo.extend(node.all_input_nodes)
+        # else: a placeholder or a value outside every region, read as a live-in
+    own = set(chain)
+    if any(u not in own for n in chain[1:] for u in n.users):
+        return None  # a scalar of the condition is used beyond the guard: not the guard's own
+    if len(keys) != 1:
+        return None
+    (key,) = keys
+    if key[1] != is_backward_node(guard):
+        return None
+    return key, chain

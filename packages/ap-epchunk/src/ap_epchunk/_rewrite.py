@@ -29,13 +29,8 @@ from ap_tags.graph import is_collective, is_wait
 from ._chunk_dims import ChunkShapes
 from ._compat import fresh_unbacked_like, materialize_symints, shape_env_of, tree_leaves, tree_map
 from ._config import ChunkReport, RegionSummary
-from ._plan import (
-    Materialize,
-    Plan,
-    RegionPlan,
-    is_dead_getitem,
-    is_mutating,
-)
+from ._plan import is_dead_getitem, is_mutating
+from ._plan_types import Materialize, Plan, RegionPlan
 from ._region_collectives import region_collectives
 from ._shapes import SymbolicShapes
 from ._symbols import SymMap, free_symbols, subst_scalar, subst_value

@@ -90,9 +90,13 @@ class SymbolicShapes(ChunkShapes):
 
 
 def _hinted_symbols(val: Any) -> dict[sympy.Symbol, int]:
-    if not isinstance(val, torch.Tensor):
+    """The hinted unbacked symbols of a fake tensor's sizes and strides, or of a SymInt."""
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        env = val.node.shape_env
+    elif isinstance(val, torch.Tensor):
+        env = shape_env_of(val)
+    else:
         return {}
-    env = shape_env_of(val)
     if env is None:
         return {}
     out: dict[sympy.Symbol, int] = {}
@@ -110,6 +114,18 @@ def _symbol_at(val: torch.Tensor, dim: int, hinted: dict[sympy.Symbol, int]) -> 
     if not isinstance(size, torch.SymInt):
         return set()
     return set(size.node.expr.free_symbols) & hinted.keys()
+
+
+def placeholder_hints(graph: torch.fx.Graph) -> dict[sympy.Symbol, int]:
+    """Every hinted unbacked symbol of the placeholders' ``meta["val"]`` or
+    ``meta["example_value"]`` (a Dynamo graph's), tensors and SymInts alike, with its hint:
+    the chunk symbols concretization assumes when ``chunk_pass`` left no record."""
+    out: dict[sympy.Symbol, int] = {}
+    for node in graph.find_nodes(op="placeholder"):
+        for key in ("val", "example_value"):
+            for sym, hint in _hinted_symbols(node.meta.get(key)).items():
+                out.setdefault(sym, hint)
+    return out
 
 
 def find_chunk_symbols(

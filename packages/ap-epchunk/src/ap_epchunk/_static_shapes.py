@@ -34,6 +34,7 @@ from ap_tags.scoped import quiet_logger
 from ._chunk_dims import MULTI, ChunkDim, ChunkShapes, Unknown, size_arg_positions
 from ._compat import FAKE_TENSOR_LOGGER
 from ._errors import ChunkError, source_of
+from ._tangents import tangent_outputs
 
 aten = torch.ops.aten
 
@@ -50,6 +51,9 @@ _CREATION_OPS: dict[Any, int] = {
     aten.arange.default: 0,
     aten.arange.start: 1,
     aten.arange.start_step: 1,
+    # a value without the chunk dim broadcast to a size list (the backward of a scalar loss:
+    # ``expand(grad, [8, 8])``): a creation along its broadcast dims only (_creation_dims)
+    aten.expand.default: 1,
 }
 
 #: How far back from a failing node the repair looks for creation ops (nodes visited).
@@ -130,10 +134,14 @@ class StaticShapes(ChunkShapes):
 
     # ------------------------------------------------------------------ the walk
     def _probe_all(self, graph: torch.fx.Graph) -> None:
+        tangents = tangent_outputs(graph)
         for node in graph.nodes:
             if node.op != "call_function" or node in self.probe:
                 continue
             inputs = node.all_input_nodes
+            for tangent in inputs:
+                if tangent in tangents and tangent not in self.probe:
+                    self._probe_tangent(tangent, tangents[tangent])
             if not any(i in self.probe or i in self.failed for i in inputs):
                 continue
             bad = next((self.failed[i] for i in inputs if i in self.failed), None)
@@ -146,6 +154,14 @@ class StaticShapes(ChunkShapes):
                 continue
             if not self._repair(node, lambda: True) and node not in self.failed:
                 self.failed[node] = _Failure(error, node)
+
+    def _probe_tangent(self, tangent: torch.fx.Node, output: torch.fx.Node) -> None:
+        """A tangent is chunk-sized along the dim its forward output carries (_tangents)."""
+        d, val = self.dim(output), tangent.meta.get("val")
+        if isinstance(d, int) and isinstance(val, torch.Tensor) and val.dim() > d:
+            shape = list(val.shape)
+            shape[d] //= self.num_chunks
+            self.probe[tangent] = val.new_empty_strided(shape, val.stride())
 
     def _compute(self, node: torch.fx.Node) -> str | None:
         """Probe one node from its inputs' probe values; None, or why it failed."""
@@ -228,7 +244,14 @@ class StaticShapes(ChunkShapes):
         if not isinstance(val, torch.Tensor):
             return []
         n = self.num_chunks
-        return [d for d, s in enumerate(val.shape) if int(s) % n == 0 and int(s) >= n]
+        dims = [d for d, s in enumerate(val.shape) if int(s) % n == 0 and int(s) >= n]
+        if node.target is aten.expand.default:
+            src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            if not isinstance(src, torch.Tensor):
+                return []
+            lead = val.dim() - src.dim()  # new leading dims, then dims of size 1 broadcast
+            dims = [d for d in dims if d < lead or int(src.shape[d - lead]) == 1]
+        return dims
 
     def _descendants(self, start: torch.fx.Node, upto: torch.fx.Node) -> list[torch.fx.Node]:
         """Nodes computed from ``start`` (itself excluded) up to ``upto`` in graph order."""
@@ -272,7 +295,8 @@ class StaticShapes(ChunkShapes):
 
         try:
             assert callable(creation.target)
-            self.probe[creation] = creation.target(*new_args[0], **new_args[1])
+            vals = torch.fx.node.map_arg(new_args, self._val)  # expand's input: its full value
+            self.probe[creation] = creation.target(*vals[0], **vals[1])
             self.args[creation] = new_args
             self.failed.pop(creation, None)
             for n in affected[1:]:

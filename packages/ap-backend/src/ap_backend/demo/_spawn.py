@@ -55,6 +55,9 @@ def _rank_main(
     import torch
     import torch.distributed as dist
 
+    from ap_backend.demo._quiet import quiet_from_env
+
+    quiet_from_env()  # ap-backend demo without --verbose: torch's INFO / no-CUDA lines dropped
     # Each rank gets its share of the cores: with every rank using all of them, intra-op
     # threads spin against the other ranks' and each gloo collective waits for a time slice.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
