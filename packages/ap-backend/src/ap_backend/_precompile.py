@@ -99,7 +99,8 @@ def _recording_default_partition(
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """torch's ``default_partition`` (the first compilation's partitioner), measured."""
     kwargs.pop("compiler", None)
-    fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
+    with _compat.FIRST_PARTITION_RNG_RULE:
+        fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
     return fw, bw
 

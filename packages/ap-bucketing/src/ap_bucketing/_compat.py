@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from torch.utils._ordered_set import OrderedSet as OrderedSet
 
 #: The torch versions ap-bucketing is tested on (the only place they are written).
-TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 PACKAGE = "ap-bucketing"
 
 #: The two patch sites (``install``/``patched``) and the overlap scheduler.

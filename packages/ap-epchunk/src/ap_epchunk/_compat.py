@@ -28,7 +28,7 @@ from ap_tags import torch_support
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 #: The torch versions ap-epchunk is tested on (the only place they are written).
-TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 
 
 class UnsupportedTorchError(torch_support.UnsupportedTorchError):
