@@ -346,3 +346,14 @@ def _rng_rule_like_2_14() -> Callable[[], None]:
 FIRST_PARTITION_RNG_RULE = ScopedPatch(
     "partitioners.has_recomputable_rng_ops = the 2.14 is_rng_op rule", _rng_rule_like_2_14
 )
+
+
+def inductor_has_option(dotted: str) -> bool:
+    """``torch._inductor.config`` has the option ``dotted`` (``"aten_distributed_optimizations.
+    compute_estimator"``: 2.12+; 2.11's overlap scheduler has no compute estimator choice)."""
+    node: Any = SUPPORT.module(_INDUCTOR_CONFIG)
+    for part in dotted.split("."):
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
