@@ -189,10 +189,15 @@ def roofline_estimator_site() -> tuple[ModuleType, str]:
 def fsdp_all_gather_helpers() -> tuple[Any, Any, Any]:
     """torch's own FSDP helpers ``(is_fsdp_all_gather, _get_group_name,
     _get_group_size_from_node)``, so ap-bucketing and torch agree on what "FSDP" means."""
-    fsdp = module(FSDP_MODULE)
-    is_fsdp = getattr(fsdp, "is_fsdp_all_gather", None) or _is_fsdp_all_gather
-    group_name = getattr(fsdp, "_get_group_name", None) or _get_group_name
-    group_size = getattr(fsdp, "_get_group_size_from_node", None) or _get_group_size_from_node
+    names = ("is_fsdp_all_gather", "_get_group_name", "_get_group_size_from_node")
+    if predates_fsdp_prebucketing():  # 2.11/2.12: carried where missing (2.12 has the first)
+        fsdp = module(FSDP_MODULE)
+        carried = (_is_fsdp_all_gather, _get_group_name, _get_group_size_from_node)
+        is_fsdp, group_name, group_size = (
+            getattr(fsdp, n, c) for n, c in zip(names, carried, strict=True)
+        )
+    else:
+        is_fsdp, group_name, group_size = (attr(FSDP_MODULE, n) for n in names)
     return is_fsdp, group_name, group_size
 
 
@@ -237,13 +242,17 @@ def _get_group_name(n: torch.fx.Node) -> str:
 
 
 def _get_group_size_from_node(n: torch.fx.Node) -> int:
-    return int(_collective_kwargs(n)["group_size"])  # type: ignore[call-overload]
+    size: Any = _collective_kwargs(n)["group_size"]
+    return int(size)
 
 
 def fsdp_reduce_scatter_wait_predicate() -> Any:
     """torch's ``fsdp.is_fsdp_reduce_scatter_wait``: the reduce-scatter's wait flows to the
     graph's outputs through single-input ops only (a gradient going out unchanged). The same
-    predicate torch's FSDP reduce-scatter bucketing filters on."""
+    predicate torch's FSDP reduce-scatter bucketing filters on (on a torch that predates FSDP
+    pre-bucketing, 2.15's, which the carried pre-bucketing filters on)."""
+    if predates_fsdp_prebucketing():
+        return _is_fsdp_reduce_scatter_wait
     return attr(FSDP_MODULE, "is_fsdp_reduce_scatter_wait")
 
 
@@ -278,20 +287,58 @@ def _pre_bucket_fsdp_collectives_before_2_13(
     gm: torch.fx.GraphModule, mode: str | None = None, bucket_cap_mb: float | None = None
 ) -> None:
     """FSDP pre-bucketing for torch 2.11/2.12, carried from torch 2.15's
-    ``fsdp.pre_bucket_fsdp_collectives`` (``torch/_inductor/fx_passes/fsdp.py``) with that
-    torch's own pieces: ``bucket_fsdp_all_gather`` then ``bucket_fsdp_reduce_scatter`` (both
-    bucket through ``bucketing.greedy_bucket_collective_by_mb``, the site ``patched`` replaces),
-    at ``bucket_cap_mb`` or torch's default cap. The caller restricts it to the FSDP groups
-    (``only_groups``). Not carried: 2.15's bandwidth-saturation cap (it needs 2.15's
-    ``comm_analysis``) and its all-reduce bucketing of the FSDP groups (an FSDP group's
-    gradients are reduce-scattered, not all-reduced)."""
-    fsdp = module(FSDP_MODULE)
-    gather, scatter = fsdp.bucket_fsdp_all_gather, fsdp.bucket_fsdp_reduce_scatter
+    ``fsdp.pre_bucket_fsdp_collectives`` (``torch/_inductor/fx_passes/fsdp.py``): all-gathers
+    whose input derives from one placeholder, reduce-scatters whose wait flows to the outputs
+    through single-input ops, then all-reduces, each bucketed with that torch's own
+    ``bucketing.bucket_*_by_mb`` (through ``greedy_bucket_collective_by_mb``, the site
+    ``patched`` replaces) and merged with its ``merge_*``, at ``bucket_cap_mb`` or torch's
+    default cap. The caller restricts it to the FSDP groups (``only_groups``). Not carried:
+    2.15's bandwidth-saturation cap (it needs 2.15's ``comm_analysis``)."""
+    b = module(BUCKETING_MODULE)
+    is_fsdp_all_gather, _, _ = fsdp_all_gather_helpers()
     default_cap = attr(BUCKETING_MODULE, "bucket_cap_mb_by_bucket_idx_default")
     cap_fn = default_cap if bucket_cap_mb is None else (lambda _idx: bucket_cap_mb)
     resolved = mode or "default"
-    gather(gm, cap_fn, resolved)
-    scatter(gm, cap_fn, resolved.replace("_multidtype", ""))
+    gathers = b.bucket_all_gather_by_mb(
+        gm, cap_fn, filter_wait_node=lambda w: is_fsdp_all_gather(w.args[0]), mode=resolved
+    )
+    if gathers:
+        b.merge_all_gather(gm, gathers, resolved)
+    scatters = b.bucket_reduce_scatter_by_mb(
+        gm,
+        cap_fn,
+        filter_wait_node=_is_fsdp_reduce_scatter_wait,
+        mode=resolved.replace("_multidtype", ""),
+    )
+    if scatters:
+        b.merge_reduce_scatter(gm, scatters, resolved)
+    reduces = b.bucket_all_reduce_by_mb(
+        gm, cap_fn, filter_wait_node=lambda w: bool(b.is_all_reduce_tensor(w.args[0]))
+    )
+    for bucket in reduces:
+        b.merge_all_reduce_bucket(gm.graph, bucket)
+
+
+def _is_fsdp_reduce_scatter_wait(wait: torch.fx.Node) -> bool:
+    """torch 2.15's ``fsdp.is_fsdp_reduce_scatter_wait`` (2.11/2.12's own accepts only a wait
+    that is itself an output or feeds one cast): every path from the wait reaches an output
+    through single-input ops."""
+    if not wait.users:
+        return False
+    visited: set[torch.fx.Node] = set()
+    queue = [wait]
+    while queue:
+        node = queue.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        for user in node.users:
+            if user.op == "output":
+                continue
+            if len(user.all_input_nodes) != 1:
+                return False
+            queue.append(user)
+    return True
 
 
 def c10d_ops(*names: str) -> tuple[Any, ...]:
