@@ -28,10 +28,10 @@ THREADS = 12
 ROUNDS = 40
 
 
-def _torch_functions() -> tuple[object, object]:
-    return getattr(
-        torch_fsdp, "identify_fsdp_groups", None
-    ), torch_bucketing.greedy_bucket_collective_by_mb
+def _torch_functions() -> tuple[object, ...]:
+    """The patch sites this torch has (2.11/2.12 predate ``identify_fsdp_groups``)."""
+    sites = [getattr(torch_fsdp, "identify_fsdp_groups", None)]
+    return (*(f for f in sites if f is not None), torch_bucketing.greedy_bucket_collective_by_mb)
 
 
 def test_threads_entering_leaving_and_raising_restore_torch_exactly() -> None:

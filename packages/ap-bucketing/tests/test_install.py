@@ -15,15 +15,15 @@ from ap_testing.collectives import GraphBuilder
 from ap_testing.collectives import all_gather_bucketing_args as ag_args
 
 
-def _torch_functions() -> tuple[object, object]:
-    return getattr(
-        torch_fsdp, "identify_fsdp_groups", None
-    ), torch_bucketing.greedy_bucket_collective_by_mb
+def _torch_functions() -> tuple[object, ...]:
+    """The patch sites this torch has (2.11/2.12 predate ``identify_fsdp_groups``)."""
+    sites = [getattr(torch_fsdp, "identify_fsdp_groups", None)]
+    return (*(f for f in sites if f is not None), torch_bucketing.greedy_bucket_collective_by_mb)
 
 
 def test_importing_the_package_changed_nothing() -> None:
-    identify, greedy = _torch_functions()
-    assert getattr(identify, "__module__", "") == "torch._inductor.fx_passes.fsdp"
+    *identify, greedy = _torch_functions()
+    assert all(getattr(f, "__module__", "") == "torch._inductor.fx_passes.fsdp" for f in identify)
     assert getattr(greedy, "__module__", "") == "torch._inductor.fx_passes.bucketing"
     assert "ap_bucketing" not in torch.compiler.config.cache_key_tag
     assert ap_bucketing.current_config() is None
