@@ -245,7 +245,7 @@ def test_missing_torch_internal_raises_the_package_error(monkeypatch: pytest.Mon
     import torch._functorch.aot_autograd as aot
 
     assert issubclass(B.UnsupportedTorchError, ap_tags.torch_support.UnsupportedTorchError)
-    assert B.TESTED_TORCH == ("2.13.0", "2.14.1", "2.15.0")
+    assert B.TESTED_TORCH == ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
     monkeypatch.delattr(aot, "aot_export_joint_with_descriptors")
     with pytest.raises(B.UnsupportedTorchError) as info:
         B.precompile(torch.nn.Linear(2, 2), (torch.randn(2, 2),))

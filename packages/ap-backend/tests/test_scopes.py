@@ -20,9 +20,14 @@ import torch
 import torch.fx
 from ap_backend import autoparallel_backend
 from ap_backend.models import ShardedLinear, Sharding
+from ap_bucketing._compat import roofline_estimator_site
 from ap_partitioner import SaveAllPartitioner
 from ap_testing.concurrency import Boom
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+#: the GPU-only estimator ``cpu_overlap_estimators`` replaces (``estimate_roofline_runtime_ms``;
+#: 2.11's ``estimate_runtime_analytical``)
+ESTIMATOR = roofline_estimator_site()[1]
 
 
 class SpyPartitioner(CustomPartitionerFn):
@@ -66,7 +71,7 @@ def settings() -> dict[str, Any]:
         },
         "bucketing_installed": ap_bucketing.is_installed(),
         "cache_key_tag": torch.compiler.config.cache_key_tag,
-        "roofline": id(overlap.estimate_roofline_runtime_ms),
+        "roofline": id(getattr(overlap, ESTIMATOR)),
         "wait_tensor_side_effectful": wait in fx_node._side_effectful_functions,
     }
 

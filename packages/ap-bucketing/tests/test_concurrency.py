@@ -16,15 +16,22 @@ import torch
 import torch._inductor.fx_passes.bucketing as torch_bucketing
 import torch._inductor.fx_passes.fsdp as torch_fsdp
 from ap_bucketing import BucketingConfig
+from ap_bucketing._compat import roofline_estimator_site
 from ap_testing.collectives import all_gather_bucketing_args, interleaved_fsdp_graph
 from ap_testing.concurrency import Boom, hammer
+
+#: the GPU-only estimator ``cpu_overlap_estimators`` replaces (``estimate_roofline_runtime_ms``;
+#: 2.11's ``estimate_runtime_analytical``)
+ESTIMATOR = roofline_estimator_site()[1]
 
 THREADS = 12
 ROUNDS = 40
 
 
-def _torch_functions() -> tuple[object, object]:
-    return torch_fsdp.identify_fsdp_groups, torch_bucketing.greedy_bucket_collective_by_mb
+def _torch_functions() -> tuple[object, ...]:
+    """The patch sites this torch has (2.11/2.12 predate ``identify_fsdp_groups``)."""
+    sites = [getattr(torch_fsdp, "identify_fsdp_groups", None)]
+    return (*(f for f in sites if f is not None), torch_bucketing.greedy_bucket_collective_by_mb)
 
 
 def test_threads_entering_leaving_and_raising_restore_torch_exactly() -> None:
@@ -96,17 +103,17 @@ def test_cpu_estimators_under_threads_restore_the_exact_original() -> None:
     bodies raise."""
     import torch._inductor.fx_passes.overlap_scheduling as torch_overlap
 
-    original = torch_overlap.estimate_roofline_runtime_ms
+    original = getattr(torch_overlap, ESTIMATOR)
 
     def one_round(rng: random.Random) -> None:
         with AB.cpu_overlap_estimators():
-            assert torch_overlap.estimate_roofline_runtime_ms is not original
+            assert getattr(torch_overlap, ESTIMATOR) is not original
             if rng.random() < 0.3:
                 with AB.cpu_overlap_estimators():
-                    assert torch_overlap.estimate_roofline_runtime_ms is not original
-                assert torch_overlap.estimate_roofline_runtime_ms is not original  # still held
+                    assert getattr(torch_overlap, ESTIMATOR) is not original
+                assert getattr(torch_overlap, ESTIMATOR) is not original  # still held
             if rng.random() < 0.2:
                 raise Boom()
 
     hammer(one_round, threads=THREADS, rounds=ROUNDS)
-    assert torch_overlap.estimate_roofline_runtime_ms is original
+    assert getattr(torch_overlap, ESTIMATOR) is original

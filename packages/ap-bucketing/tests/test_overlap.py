@@ -16,7 +16,12 @@ from ap_bucketing import (
     max_consec_compute_between_rs,
     overlap_config_patches,
 )
+from ap_bucketing._compat import roofline_estimator_site
 from ap_testing.collectives import backward_like_graph
+
+#: the GPU-only estimator ``cpu_overlap_estimators`` replaces (``estimate_roofline_runtime_ms``;
+#: 2.11's ``estimate_runtime_analytical``)
+ESTIMATOR = roofline_estimator_site()[1]
 
 _c10d = torch.ops._c10d_functional
 
@@ -124,16 +129,16 @@ def test_config_patches_carry_the_pass_and_disable_builtin_scheduling() -> None:
 
 
 def test_cpu_estimators_are_scoped_and_restored_exactly() -> None:
-    original = overlap_scheduling.estimate_roofline_runtime_ms
+    original = getattr(overlap_scheduling, ESTIMATOR)
     with cpu_overlap_estimators():
         with cpu_overlap_estimators():  # nestable
-            inside = overlap_scheduling.estimate_roofline_runtime_ms
-        assert overlap_scheduling.estimate_roofline_runtime_ms is inside
-    assert overlap_scheduling.estimate_roofline_runtime_ms is original
+            inside = getattr(overlap_scheduling, ESTIMATOR)
+        assert getattr(overlap_scheduling, ESTIMATOR) is inside
+    assert getattr(overlap_scheduling, ESTIMATOR) is original
     # replaced on every version: 2.13/2.14 raise without a GPU, 2.15 warns twice per node
     assert inside is not original
     with cpu_overlap_estimators(enabled=False):
-        assert overlap_scheduling.estimate_roofline_runtime_ms is original
+        assert getattr(overlap_scheduling, ESTIMATOR) is original
 
 
 def test_a_refusing_pass_leaves_the_graph_untouched(fake_pg: str) -> None:

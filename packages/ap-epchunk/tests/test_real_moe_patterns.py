@@ -43,6 +43,11 @@ def test_view_with_the_full_extent_baked_in_is_refused(fake_graph: Any) -> None:
     assert snapshot(gm) == before
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.fx.Graph, "materialize_symints"),
+    reason="lifting a divided SymInt into graph nodes needs torch.fx.Graph.materialize_symints, "
+    "which this torch lacks (2.11, 2.12): the divided size stays a raw SymInt argument",
+)
 def test_as_strided_with_a_raw_symint_is_divided_per_chunk(fake_graph: Any) -> None:
     b = fake_graph()
     u0 = b.unbacked(8)

@@ -18,7 +18,7 @@ from ap_tags import torch_support
 from ap_tags.scoped import ScopedPatch
 
 #: The torch versions ap-backend is tested on (the only place they are written).
-TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 
 
 class UnsupportedTorchError(torch_support.UnsupportedTorchError):
@@ -300,3 +300,70 @@ def require_grouped_mm() -> None:
     when an expert-parallel model is built, so :func:`grouped_mm` itself is a plain call that
     Dynamo traces)."""
     SUPPORT.attr("torch", "_grouped_mm")
+
+
+# --------------------------------------------------------------------------- random ops
+
+
+def _is_rng_op_like_2_14(node: torch.fx.Node) -> bool:
+    """torch 2.14's ``partitioners.is_rng_op`` for a torch that lacks it (2.11-2.13): an op
+    tagged ``nondeterministic_seeded``, except one with a ``dropout_p`` argument that is the
+    literal 0 (zero-dropout SDPA draws no random numbers). Cited from torch 2.15
+    ``torch/_functorch/partitioners.py`` (``is_rng_op``, ``is_nonzero_dropout_sdpa``)."""
+    target: Any = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    names = [arg.name for arg in target._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    idx = names.index("dropout_p")
+    if len(node.args) > idx:
+        value = node.args[idx]
+    else:
+        value = node.kwargs.get("dropout_p", target._schema.arguments[idx].default_value)
+    return not (isinstance(value, int | float) and not isinstance(value, bool) and value == 0)
+
+
+def _rng_rule_like_2_14() -> Callable[[], None]:
+    mod: Any = SUPPORT.attrs(
+        "torch._functorch.partitioners", ("has_recomputable_rng_ops", "must_recompute")
+    )
+    if hasattr(mod, "is_rng_op"):  # 2.14+: torch already decides this way
+        return lambda: None
+    old = mod.has_recomputable_rng_ops
+    must_recompute = mod.must_recompute
+
+    def has_recomputable_rng_ops(fx_g: torch.fx.GraphModule) -> bool:
+        return any(must_recompute(n) and _is_rng_op_like_2_14(n) for n in fx_g.graph.nodes)
+
+    mod.has_recomputable_rng_ops = has_recomputable_rng_ops
+
+    def undo() -> None:
+        mod.has_recomputable_rng_ops = old
+
+    return undo
+
+
+#: While held, ``default_partition`` on a torch without ``partitioners.is_rng_op`` (2.11-2.13)
+#: decides "does the graph recompute a random op?" as 2.14+ does. Why: there, an AC-recomputed
+#: zero-dropout SDPA counts as random, so ``functionalize_rng_ops`` wraps it in
+#: ``run_and_save_rng_state``, and the second compile, retracing the first compilation's
+#: forward under ``FunctionalTensorMode``, fails: no torch registers a functionalization rule
+#: for that HOP. With the 2.14 rule the SDPA is recomputed as the deterministic op it is. A
+#: graph that recomputes a real random op keeps torch's behaviour. On 2.14+ a no-op.
+FIRST_PARTITION_RNG_RULE = ScopedPatch(
+    "partitioners.has_recomputable_rng_ops = the 2.14 is_rng_op rule", _rng_rule_like_2_14
+)
+
+
+def inductor_has_option(dotted: str) -> bool:
+    """``torch._inductor.config`` has the option ``dotted`` (``"aten_distributed_optimizations.
+    compute_estimator"``: 2.12+; 2.11's overlap scheduler has no compute estimator choice)."""
+    node: Any = SUPPORT.module(_INDUCTOR_CONFIG)
+    for part in dotted.split("."):
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True

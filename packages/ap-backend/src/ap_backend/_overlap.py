@@ -22,6 +22,8 @@ from typing import Any
 import ap_bucketing
 import torch
 
+from ap_backend import _compat
+
 __all__ = ["has_gpu", "overlap_config_patches"]
 
 _PREFIX = "aten_distributed_optimizations."
@@ -58,4 +60,8 @@ def overlap_config_patches(
                 _PREFIX + "custom_runtime_estimation": ap_bucketing.cpu_runtime_estimation,
             }
         )
+        if not _compat.inductor_has_option(_PREFIX + "compute_estimator"):
+            # torch 2.11: no choice to make; its scheduler's analytical estimator is the one
+            # ap_bucketing.cpu_overlap_estimators replaces for the inner compile
+            del patches[_PREFIX + "compute_estimator"]
     return patches

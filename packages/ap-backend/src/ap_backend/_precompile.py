@@ -118,10 +118,12 @@ def _recording_partition(
     Inductor (``compiler="inductor"``: the second compilation is Inductor's, so what it deems
     cheap to recompute is what Inductor fuses into the backward's kernels)."""
     kwargs.pop("compiler", None)
-    if which == "min_cut":
-        fw, bw = _compat.min_cut_partition()(joint, joint_inputs, compiler="inductor", **kwargs)
-    else:
-        fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
+    # torch < 2.14: AC-recomputed zero-dropout SDPA is not random (see _compat)
+    with _compat.FIRST_PARTITION_RNG_RULE:
+        if which == "min_cut":
+            fw, bw = _compat.min_cut_partition()(joint, joint_inputs, compiler="inductor", **kwargs)
+        else:
+            fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
     return fw, bw
 

@@ -20,13 +20,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+import torch.fx.operator_schemas
 
 if TYPE_CHECKING:
     from torch._inductor.custom_graph_pass import CustomGraphPass as CustomGraphPass
     from torch.utils._ordered_set import OrderedSet as OrderedSet
 
 #: The torch versions ap-bucketing is tested on (the only place they are written).
-TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 PACKAGE = "ap-bucketing"
 
 #: The two patch sites (``install``/``patched``) and the overlap scheduler.
@@ -129,9 +130,41 @@ def _site(module_name: str, name: str) -> tuple[ModuleType, str]:
     return module(module_name), name
 
 
+#: The first torch whose Inductor has FSDP pre-bucketing (``fsdp.identify_fsdp_groups`` and
+#: ``fsdp.pre_bucket_fsdp_collectives``, the sites ``install``/``patched`` and
+#: ``OverlapBucketingPass`` build on); 2.11 and 2.12 have neither.
+FSDP_PREBUCKETING_SINCE = "2.13"
+
+
+def predates_fsdp_prebucketing() -> bool:
+    """This torch's Inductor predates FSDP pre-bucketing: it has neither
+    ``fsdp.identify_fsdp_groups`` nor ``fsdp.pre_bucket_fsdp_collectives`` (2.11, 2.12; see
+    :data:`FSDP_PREBUCKETING_SINCE`). A torch with only one of them is a changed torch, and the
+    missing one raises the package's error."""
+    fsdp = module(FSDP_MODULE)
+    return not any(
+        hasattr(fsdp, n) for n in ("identify_fsdp_groups", "pre_bucket_fsdp_collectives")
+    )
+
+
+def _prebucketing_attr(name: str) -> Any:
+    """``fsdp.<name>`` of FSDP pre-bucketing, or the error naming the feature and the first
+    torch that has it."""
+    found = getattr(module(FSDP_MODULE), name, _ABSENT)
+    if found is _ABSENT:
+        raise missing(
+            f"{FSDP_MODULE}.{name} (Inductor's FSDP pre-bucketing, which ap-bucketing's "
+            f"install/patched/OverlapBucketingPass build on; first in torch "
+            f"{FSDP_PREBUCKETING_SINCE}. bucket_collectives, primary_fsdp_groups and "
+            "max_consec_compute_between_rs work on this torch)"
+        )
+    return found
+
+
 def fsdp_groups_site() -> tuple[ModuleType, str]:
     """``fsdp.identify_fsdp_groups``: which process groups FSDP pre-bucketing treats as FSDP."""
-    return _site(FSDP_MODULE, "identify_fsdp_groups")
+    _prebucketing_attr("identify_fsdp_groups")
+    return module(FSDP_MODULE), "identify_fsdp_groups"
 
 
 def greedy_bucketer_site() -> tuple[ModuleType, str]:
@@ -140,7 +173,13 @@ def greedy_bucketer_site() -> tuple[ModuleType, str]:
 
 
 def roofline_estimator_site() -> tuple[ModuleType, str]:
-    """``overlap_scheduling.estimate_roofline_runtime_ms``: the scheduler's GPU-only estimator."""
+    """``overlap_scheduling.estimate_roofline_runtime_ms``: the scheduler's GPU-only estimator
+    (2.12+). torch 2.11's scheduler has none; there the GPU-only estimator it calls for every
+    compute node is ``estimate_runtime_analytical`` (same ``(node) -> ms`` signature), which
+    asserts "Roofline estimation needs to access CUDA capabilities" without a GPU."""
+    if not hasattr(module(OVERLAP_MODULE), "estimate_roofline_runtime_ms"):
+        if hasattr(module(OVERLAP_MODULE), "estimate_runtime_analytical"):
+            return _site(OVERLAP_MODULE, "estimate_runtime_analytical")
     return _site(OVERLAP_MODULE, "estimate_roofline_runtime_ms")
 
 
@@ -151,14 +190,69 @@ def fsdp_all_gather_helpers() -> tuple[Any, Any, Any]:
     """torch's own FSDP helpers ``(is_fsdp_all_gather, _get_group_name,
     _get_group_size_from_node)``, so ap-bucketing and torch agree on what "FSDP" means."""
     names = ("is_fsdp_all_gather", "_get_group_name", "_get_group_size_from_node")
-    is_fsdp, group_name, group_size = (attr(FSDP_MODULE, n) for n in names)
+    if predates_fsdp_prebucketing():  # 2.11/2.12: carried where missing (2.12 has the first)
+        fsdp = module(FSDP_MODULE)
+        carried = (_is_fsdp_all_gather, _get_group_name, _get_group_size_from_node)
+        is_fsdp, group_name, group_size = (
+            getattr(fsdp, n, c) for n, c in zip(names, carried, strict=True)
+        )
+    else:
+        is_fsdp, group_name, group_size = (attr(FSDP_MODULE, n) for n in names)
     return is_fsdp, group_name, group_size
+
+
+# torch 2.11/2.12 lack these three (2.12 has an older ``is_fsdp_all_gather``, used as it is);
+# carried from torch 2.15, ``torch/_inductor/fx_passes/fsdp.py``.
+
+
+def _is_fsdp_all_gather(n: torch.fx.Node) -> bool:
+    """The all-gather derives from exactly one placeholder (a parameter), through any number
+    of input branches (torch 2.15's ``is_fsdp_all_gather``)."""
+    visited: set[torch.fx.Node] = set()
+    queue = list(n.all_input_nodes)
+    placeholders = 0
+    while queue:
+        node = queue.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        if node.op == "placeholder":
+            placeholders += 1
+            if placeholders > 1:
+                return False
+        else:
+            queue.extend(node.all_input_nodes)
+    return placeholders == 1
+
+
+def _collective_kwargs(n: torch.fx.Node) -> dict[str, object]:
+    normalized = torch.fx.operator_schemas.normalize_function(
+        n.target,  # type: ignore[arg-type]
+        args=n.args,
+        kwargs=n.kwargs,
+        normalize_to_only_use_kwargs=True,
+    )
+    if normalized is None:
+        raise ValueError(f"ap-bucketing: cannot read the arguments of collective {n.name}")
+    return dict(normalized[1])
+
+
+def _get_group_name(n: torch.fx.Node) -> str:
+    return str(_collective_kwargs(n)["group_name"])
+
+
+def _get_group_size_from_node(n: torch.fx.Node) -> int:
+    size: Any = _collective_kwargs(n)["group_size"]
+    return int(size)
 
 
 def fsdp_reduce_scatter_wait_predicate() -> Any:
     """torch's ``fsdp.is_fsdp_reduce_scatter_wait``: the reduce-scatter's wait flows to the
     graph's outputs through single-input ops only (a gradient going out unchanged). The same
-    predicate torch's FSDP reduce-scatter bucketing filters on."""
+    predicate torch's FSDP reduce-scatter bucketing filters on (on a torch that predates FSDP
+    pre-bucketing, 2.15's, which the carried pre-bucketing filters on)."""
+    if predates_fsdp_prebucketing():
+        return _is_fsdp_reduce_scatter_wait
     return attr(FSDP_MODULE, "is_fsdp_reduce_scatter_wait")
 
 
@@ -182,8 +276,69 @@ def schedule_overlap_bucketing() -> Any:
 
 
 def pre_bucket_fsdp_collectives() -> Any:
-    """``fsdp.pre_bucket_fsdp_collectives``: FSDP pre-bucketing alone."""
-    return attr(FSDP_MODULE, "pre_bucket_fsdp_collectives")
+    """``fsdp.pre_bucket_fsdp_collectives``: FSDP pre-bucketing alone (torch 2.13+); on a torch
+    that predates it, :func:`_pre_bucket_fsdp_collectives_before_2_13`."""
+    if predates_fsdp_prebucketing():
+        return _pre_bucket_fsdp_collectives_before_2_13
+    return _prebucketing_attr("pre_bucket_fsdp_collectives")
+
+
+def _pre_bucket_fsdp_collectives_before_2_13(
+    gm: torch.fx.GraphModule, mode: str | None = None, bucket_cap_mb: float | None = None
+) -> None:
+    """FSDP pre-bucketing for torch 2.11/2.12, carried from torch 2.15's
+    ``fsdp.pre_bucket_fsdp_collectives`` (``torch/_inductor/fx_passes/fsdp.py``): all-gathers
+    whose input derives from one placeholder, reduce-scatters whose wait flows to the outputs
+    through single-input ops, then all-reduces, each bucketed with that torch's own
+    ``bucketing.bucket_*_by_mb`` (through ``greedy_bucket_collective_by_mb``, the site
+    ``patched`` replaces) and merged with its ``merge_*``, at ``bucket_cap_mb`` or torch's
+    default cap. The caller restricts it to the FSDP groups (``only_groups``). Not carried:
+    2.15's bandwidth-saturation cap (it needs 2.15's ``comm_analysis``)."""
+    b = module(BUCKETING_MODULE)
+    is_fsdp_all_gather, _, _ = fsdp_all_gather_helpers()
+    default_cap = attr(BUCKETING_MODULE, "bucket_cap_mb_by_bucket_idx_default")
+    cap_fn = default_cap if bucket_cap_mb is None else (lambda _idx: bucket_cap_mb)
+    resolved = mode or "default"
+    gathers = b.bucket_all_gather_by_mb(
+        gm, cap_fn, filter_wait_node=lambda w: is_fsdp_all_gather(w.args[0]), mode=resolved
+    )
+    if gathers:
+        b.merge_all_gather(gm, gathers, resolved)
+    scatters = b.bucket_reduce_scatter_by_mb(
+        gm,
+        cap_fn,
+        filter_wait_node=_is_fsdp_reduce_scatter_wait,
+        mode=resolved.replace("_multidtype", ""),
+    )
+    if scatters:
+        b.merge_reduce_scatter(gm, scatters, resolved)
+    reduces = b.bucket_all_reduce_by_mb(
+        gm, cap_fn, filter_wait_node=lambda w: bool(b.is_all_reduce_tensor(w.args[0]))
+    )
+    for bucket in reduces:
+        b.merge_all_reduce_bucket(gm.graph, bucket)
+
+
+def _is_fsdp_reduce_scatter_wait(wait: torch.fx.Node) -> bool:
+    """torch 2.15's ``fsdp.is_fsdp_reduce_scatter_wait`` (2.11/2.12's own accepts only a wait
+    that is itself an output or feeds one cast): every path from the wait reaches an output
+    through single-input ops."""
+    if not wait.users:
+        return False
+    visited: set[torch.fx.Node] = set()
+    queue = [wait]
+    while queue:
+        node = queue.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        for user in node.users:
+            if user.op == "output":
+                continue
+            if len(user.all_input_nodes) != 1:
+                return False
+            queue.append(user)
+    return True
 
 
 def c10d_ops(*names: str) -> tuple[Any, ...]:

@@ -231,9 +231,10 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             # filled by an out= copy that their readers have no edge to (_out_writes.py)
             edges = out_write_edges(graph)
             if self.reorder:
-                _compat.schedule_overlap_bucketing()(
-                    gm, pre_bucketing_fsdp_collectives=False, **kwargs
-                )
+                schedule = _compat.schedule_overlap_bucketing()
+                kwargs["pre_bucketing_fsdp_collectives"] = False  # done above
+                _supported_by(schedule, kwargs)
+                schedule(gm, **kwargs)
             else:
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
@@ -270,6 +271,21 @@ def collective_counts(graph: fx.Graph) -> dict[str, int]:
         )
         for kind, ops in kinds.items()
     }
+
+
+def _supported_by(schedule: Any, kwargs: dict[str, object]) -> None:
+    """Drop from ``kwargs`` this pass's own defaults that ``schedule`` does not take (torch
+    2.11's scheduler has no ``compute_estimator`` or ``bucket_mode``, 2.11/2.12's no
+    ``pre_bucketing_fsdp_collectives``: those never pre-bucket inside the scheduler). User
+    overrides were checked against it already."""
+    import inspect
+
+    accepted = set(inspect.signature(schedule).parameters)
+    dropped = sorted(k for k in kwargs if k not in accepted)
+    for name in dropped:
+        del kwargs[name]
+    if dropped:
+        log.debug("%s: torch's schedule_overlap_bucketing takes no %s", _PASS, dropped)
 
 
 def _check_schedule_overrides(overrides: dict[str, object]) -> None:

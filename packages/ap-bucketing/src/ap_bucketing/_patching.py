@@ -134,11 +134,16 @@ Site = tuple[Any, str, Callable[..., Any]]
 
 
 def _sites() -> list[Site]:
-    """The two patch sites and their replacements; the package's error if torch lacks one."""
-    return [
-        (*_compat.fsdp_groups_site(), _patched_identify_fsdp_groups),
-        (*_compat.greedy_bucketer_site(), _patched_greedy_bucket_collective_by_mb),
-    ]
+    """The two patch sites and their replacements; the package's error if torch lacks one.
+
+    A torch from before FSDP pre-bucketing (2.11, 2.12: neither ``identify_fsdp_groups`` nor
+    ``pre_bucket_fsdp_collectives``) has no group detection to replace: only the greedy
+    bucketer is patched there (``OverlapBucketingPass`` then pre-buckets with ap-bucketing's
+    carried pre-bucketing, which asks :func:`primary_fsdp_groups` itself)."""
+    greedy: Site = (*_compat.greedy_bucketer_site(), _patched_greedy_bucket_collective_by_mb)
+    if _compat.predates_fsdp_prebucketing():
+        return [greedy]
+    return [(*_compat.fsdp_groups_site(), _patched_identify_fsdp_groups), greedy]
 
 
 def _apply_locked(sites: list[Site]) -> None:

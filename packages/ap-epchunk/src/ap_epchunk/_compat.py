@@ -28,7 +28,7 @@ from ap_tags import torch_support
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 #: The torch versions ap-epchunk is tested on (the only place they are written).
-TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 
 
 class UnsupportedTorchError(torch_support.UnsupportedTorchError):
@@ -82,7 +82,64 @@ def stacktrace_preservation_hooks() -> Callable[[list[Any]], None]:
     fn: Callable[[list[Any]], None] = SUPPORT.attr(
         "torch._functorch._aot_autograd.logging_utils", "setup_stacktrace_preservation_hooks"
     )
-    return fn
+    traceback = SUPPORT.module("torch.fx.traceback")
+    if hasattr(traceback, "_mark_autograd_backward"):
+        return fn
+    # torch 2.11's hooks stamp ``seq_nr`` but not ``autograd_backward`` (2.12+ do, through
+    # ``fx.traceback._mark_autograd_backward``): add hooks doing what 2.15's do to ``current_meta``.
+    meta: dict[str, Any] = SUPPORT.attr("torch.fx.traceback", "current_meta")
+
+    def mark(grad_output: Any) -> None:
+        meta["autograd_backward"] = True
+
+    def unmark(grad_input: Any, grad_output: Any) -> None:
+        meta.pop("autograd_backward", None)
+
+    def with_backward_marks(roots: list[Any]) -> None:
+        fn(roots)
+        for node in _autograd_nodes(roots):
+            node.register_prehook(mark)
+            node.register_hook(unmark)
+
+    return with_backward_marks
+
+
+def copy_backward_mark() -> Callable[[], None]:
+    """Make traced nodes copy ``autograd_backward`` from the current meta; returns the undo.
+
+    torch 2.12+ copy it already (``fx.traceback._mark_autograd_backward`` exists there: nothing
+    to do). torch 2.11's tracer copies only the keys listed in ``fx.proxy._COPY_META_FIELDS``,
+    so the key is appended for the scope (:func:`stacktrace_preservation_hooks` sets it) and
+    removed by the undo."""
+    if hasattr(SUPPORT.module("torch.fx.traceback"), "_mark_autograd_backward"):
+        return lambda: None
+    fields: list[str] = SUPPORT.attr("torch.fx.proxy", "_COPY_META_FIELDS")
+    if "autograd_backward" in fields:
+        return lambda: None
+    fields.append("autograd_backward")
+
+    def undo() -> None:
+        if "autograd_backward" in fields:
+            fields.remove("autograd_backward")
+
+    return undo
+
+
+def _autograd_nodes(roots: list[Any]) -> list[Any]:
+    """Every node of the autograd graph under ``roots``, breadth first (``iter_graph`` of
+    ``setup_stacktrace_preservation_hooks``, torch 2.15 ``_aot_autograd/logging_utils.py``)."""
+    seen: set[Any] = set()
+    order: list[Any] = []
+    queue = [r for r in roots if r is not None]
+    seen.update(queue)
+    while queue:
+        node = queue.pop(0)
+        order.append(node)
+        for fn, _idx in node.next_functions:
+            if fn is not None and fn not in seen:
+                seen.add(fn)
+                queue.append(fn)
+    return order
 
 
 def fake_tensor_mode(shape_env: ShapeEnv) -> Any:
@@ -194,9 +251,9 @@ def fresh_unbacked_like(shape_env: ShapeEnv, symbol: sympy.Symbol) -> sympy.Symb
 
 def materialize_symints(graph: torch.fx.Graph, values: list[torch.SymInt]) -> list[Any] | None:
     """``values`` as FX nodes computed from the graph's own producers of their symbols, or
-    ``None`` where this torch has no ``Graph.materialize_symints`` (before 2.15) or cannot find
-    a producer for a symbol. ``None`` means "keep the raw value": torch before 2.15 accepts raw
-    SymInt arguments without a warning, and a symbol without a producer has no other form."""
+    ``None`` where this torch has no ``Graph.materialize_symints`` (2.11, 2.12) or cannot find
+    a producer for a symbol. ``None`` means "keep the raw value": a torch without it accepts raw
+    SymInt arguments, and a symbol without a producer has no other form."""
     fn = getattr(graph, "materialize_symints", None)
     if fn is None:
         return None
@@ -222,6 +279,31 @@ def fsdp_collective_predicates() -> tuple[Callable[[Any], bool], Callable[[Any],
     a reduce-scatter wait flowing to the outputs through single-input ops. The FSDP placement
     uses the same rules torch's FSDP bucketing filters on, not a copy of them."""
     module = "torch._inductor.fx_passes.fsdp"
-    is_all_gather: Callable[[Any], bool] = SUPPORT.attr(module, "is_fsdp_all_gather")
+    fsdp = SUPPORT.module(module)
+    if hasattr(fsdp, "is_fsdp_all_gather") or hasattr(fsdp, "identify_fsdp_groups"):
+        is_all_gather: Callable[[Any], bool] = SUPPORT.attr(module, "is_fsdp_all_gather")
+    else:  # torch 2.11, which predates it
+        is_all_gather = _is_fsdp_all_gather
     is_rs_wait: Callable[[Any], bool] = SUPPORT.attr(module, "is_fsdp_reduce_scatter_wait")
     return is_all_gather, is_rs_wait
+
+
+def _is_fsdp_all_gather(n: torch.fx.Node) -> bool:
+    """torch 2.11 has no ``fsdp.is_fsdp_all_gather``; carried from torch 2.15
+    (``torch/_inductor/fx_passes/fsdp.py``): the all-gather derives from exactly one
+    placeholder, through any number of input branches."""
+    visited: set[torch.fx.Node] = set()
+    queue = list(n.all_input_nodes)
+    placeholders = 0
+    while queue:
+        node = queue.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        if node.op == "placeholder":
+            placeholders += 1
+            if placeholders > 1:
+                return False
+        else:
+            queue.extend(node.all_input_nodes)
+    return placeholders == 1

@@ -34,6 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ._compat import (
+    copy_backward_mark,
     fake_tensor_mode,
     new_hinted_unbacked_symint,
     require_internals,
@@ -81,12 +82,14 @@ def _patch_autograd() -> Callable[[], None]:
             _install_backward_meta_hooks(self)
         return orig_backward(self, *args, **kwargs)  # type: ignore[no-untyped-call]
 
+    undo_copy = copy_backward_mark()
     torch.autograd.grad = grad
     torch.Tensor.backward = backward  # type: ignore[method-assign]
 
     def undo() -> None:
         torch.autograd.grad = orig_grad
         torch.Tensor.backward = orig_backward  # type: ignore[method-assign]
+        undo_copy()
 
     return undo
 

@@ -12,6 +12,7 @@ the partitioners, which is needed when their classes are defined.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from ap_tags import torch_support
 from ap_tags.graph import op_overload
 
 #: The torch versions ap-partitioner is tested on (the only place they are written).
-TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 
 
 class UnsupportedTorchError(torch_support.UnsupportedTorchError):
@@ -31,13 +32,15 @@ class UnsupportedTorchError(torch_support.UnsupportedTorchError):
 
 SUPPORT = torch_support.TorchSupport("ap-partitioner", TESTED_TORCH, UnsupportedTorchError)
 
-#: Names ``torch._functorch.partitioners`` must provide (present in 2.13.0, 2.14.1 and 2.15.0).
+#: Names ``torch._functorch.partitioners`` must provide (present in 2.11.0 through 2.15.0).
+#: ``_is_assert_only_symbool`` and ``is_opaque_node`` (2.13+) are not among them: where torch
+#: lacks them this module carries their 2.15 definitions (:func:`is_assert_only_symbool`,
+#: :func:`is_opaque_node`).
 _PARTITIONERS = "torch._functorch.partitioners"
 _PARTITIONER_NAMES = (
     "_extract_fwd_bwd_modules",
     "_extract_fwd_bwd_outputs",
     "_has_tag_is_backward",
-    "_is_assert_only_symbool",
     "_is_backward_state",
     "_is_bwd_seed_offset",
     "_is_tangent",
@@ -51,7 +54,6 @@ _PARTITIONER_NAMES = (
     "functionalize_rng_ops",
     "has_recomputable_ops",
     "has_recomputable_rng_ops",
-    "is_opaque_node",
     "is_sym_node",
     "min_cut_rematerialization_partition",
     "must_recompute",
@@ -100,6 +102,65 @@ def partitioners() -> ModuleType:
     Looked up at call time (not import time) so tests may monkeypatch torch's module.
     """
     return SUPPORT.attrs(_PARTITIONERS, _PARTITIONER_NAMES)
+
+
+def is_assert_only_symbool(node: fx.Node) -> bool:
+    """A SymBool node whose every user is ``aten._assert_scalar`` (never saved: the backward
+    needs no runtime assert). torch's ``partitioners._is_assert_only_symbool`` where it exists
+    (2.13+); otherwise its torch 2.15 definition (``torch/_functorch/partitioners.py``)."""
+    rule = getattr(SUPPORT.module(_PARTITIONERS), "_is_assert_only_symbool", None)
+    if rule is not None:
+        return bool(rule(node))
+    return (
+        isinstance(node.meta.get("val"), torch.SymBool)
+        and len(node.users) > 0
+        and all(user.target is torch.ops.aten._assert_scalar.default for user in node.users)
+    )
+
+
+def is_opaque_node(node: Any) -> bool:
+    """A node holding an opaque, non-tensor value (a process group, a script object).
+
+    torch's ``partitioners.is_opaque_node`` where it exists (2.12+); otherwise its torch 2.15
+    definition (``torch/_functorch/_aot_autograd/graph_compile.py``), with 2.11's name for the
+    custom-class test (``opaque_object.is_opaque_value``; 2.15 calls it
+    ``is_custom_class_obj``)."""
+    rule = getattr(SUPPORT.module(_PARTITIONERS), "is_opaque_node", None)
+    if rule is not None:
+        return bool(rule(node))
+    if not isinstance(node, fx.Node) or "val" not in node.meta:
+        return False
+    val = node.meta["val"]
+    fake_script_object = SUPPORT.attr("torch._library.fake_class_registry", "FakeScriptObject")
+    if isinstance(val, torch.ScriptObject | fake_script_object):
+        return True
+    opaque = SUPPORT.module("torch._library.opaque_object")
+    custom = getattr(opaque, "is_custom_class_obj", None) or getattr(
+        opaque, "is_opaque_value", None
+    )
+    return bool(custom is not None and custom(val))
+
+
+def extract_fwd_bwd_modules(
+    joint: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    saved_opaque_nodes: list[fx.Node],
+    **kwargs: Any,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """torch's ``partitioners._extract_fwd_bwd_modules``; ``saved_sym_nodes`` is mutated to
+    the symbols actually saved, as torch does.
+
+    2.12+ take the opaque values as ``saved_opaque_nodes``; 2.11 has no such parameter and
+    separates the ``FakeScriptObject`` values it finds among ``saved_values`` itself (placing
+    them after the tensors, as 2.12+ do), so there they are passed as saved values."""
+    extract = partitioners()._extract_fwd_bwd_modules
+    if "saved_opaque_nodes" in inspect.signature(extract).parameters:
+        kwargs["saved_opaque_nodes"] = saved_opaque_nodes
+    else:
+        saved_values = [*saved_values, *saved_opaque_nodes]
+    fw, bw = extract(joint, saved_values, saved_sym_nodes=saved_sym_nodes, **kwargs)
+    return fw, bw
 
 
 def functorch_config() -> Any:

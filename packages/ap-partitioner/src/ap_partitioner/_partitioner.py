@@ -275,13 +275,12 @@ class SaveAllPartitioner(_ReportingPartitioner):
 
     @staticmethod
     def _extract(pro: Prologue, plan: SavePlan, info: Any, num_fwd_outputs: int) -> Partition:
-        mod = _compat.partitioners()
         sym_nodes = list(plan.sym_nodes)  # torch mutates it to the symbols actually saved
-        fw, bw = mod._extract_fwd_bwd_modules(
+        fw, bw = _compat.extract_fwd_bwd_modules(
             pro.module,
             plan.values,
-            saved_sym_nodes=sym_nodes,
-            saved_opaque_nodes=plan.opaque_nodes,
+            sym_nodes,
+            plan.opaque_nodes,
             num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_nodes=info.static_lifetime_input_nodes,
         )

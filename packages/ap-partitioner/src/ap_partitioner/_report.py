@@ -120,7 +120,7 @@ def build_report(
     """
     mod = _compat.partitioners()
     saved = saved_for_backward(fw_module, num_fwd_outputs)
-    opaques = [n for n in saved if not mod.is_sym_node(n) and mod.is_opaque_node(n)]
+    opaques = [n for n in saved if not mod.is_sym_node(n) and _compat.is_opaque_node(n)]
     opaque_set = set(opaques)  # a set: saved lists run to hundreds of values
     counted = count_saved_values(n for n in saved if n not in opaque_set)
     nodes = {n.name: n for n in fw_module.graph.nodes}

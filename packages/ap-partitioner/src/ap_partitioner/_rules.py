@@ -120,15 +120,15 @@ def apply_rule(
     if is_must_recompute(node):
         return
     if mod.is_sym_node(node):
-        if not mod._is_assert_only_symbool(node):
+        if not _compat.is_assert_only_symbool(node):
             plan.sym_nodes.append(node)
         return
-    if node in backward and not mod.is_opaque_node(node):
+    if node in backward and not _compat.is_opaque_node(node):
         return
     if is_multi_output(node):
         plan.values.extend(_selected_children(node, replayed))
         return
-    if mod.is_opaque_node(node):
+    if _compat.is_opaque_node(node):
         plan.opaque_nodes.append(node)
         return
     if node.op == "placeholder":

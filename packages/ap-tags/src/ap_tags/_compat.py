@@ -16,7 +16,7 @@ import torch.fx
 from . import torch_support
 
 #: The torch versions ap-tags is tested on (the only place they are written).
-TESTED_TORCH = ("2.13.0", "2.14.1", "2.15.0")
+TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 
 
 class UnsupportedTorchError(torch_support.UnsupportedTorchError):
@@ -99,7 +99,7 @@ def input_mutation_output_type() -> type | None:
 def symint_hint(value: torch.SymInt) -> int | None:
     """A concrete int for ``value`` from hints only (see ``ap_tags.graph.size_hint``).
 
-    torch's ``optimization_hint`` answers for backed symbols and for unbacked ones marked with
+    torch's ``optimization_hint`` (2.13+) answers for backed symbols and for unbacked ones marked with
     ``hint_override``, but invents a heuristic value (8192) for an unbacked symbol nobody
     hinted; such an expression is reported as unknown instead. The ShapeEnv tables are
     ``backed_var_to_val`` from 2.15 and ``var_to_val`` before.
@@ -116,8 +116,16 @@ def symint_hint(value: torch.SymInt) -> int | None:
     expr = value.node.expr.xreplace(env.replacements)
     if any(s not in backed and s not in overrides for s in expr.free_symbols):
         return None
-    hint = SUPPORT.attr("torch.fx.experimental.symbolic_shapes", "optimization_hint")
-    return int(hint(value))
+    shapes = SUPPORT.module("torch.fx.experimental.symbolic_shapes")
+    hint = getattr(shapes, "optimization_hint", None)
+    if hint is not None:
+        return int(hint(value))
+    # 2.11/2.12 have no optimization_hint: every free symbol has a value here (checked above),
+    # so substituting them is what 2.13+'s optimization_hint computes.
+    try:
+        return int(expr.xreplace({**backed, **overrides}))
+    except (TypeError, ValueError):
+        return None
 
 
 @contextlib.contextmanager

@@ -65,11 +65,18 @@ class TrainSpec:
     fsdp: Literal["ap", "simple"] = "ap"
     #: also measure what plain ``torch.compile`` (min-cut, no AC, no first compilation) saves
     measure_plain: bool = False
+    #: where the models and batches live (``"cuda"``: the rank's current CUDA device)
+    device: str = "cpu"
 
 
 def _model(spec: TrainSpec, sharding: Sharding) -> nn.Module:
-    """The model every run starts from (same seed, same weights): sharded by the model kit,
-    or built unsharded and handed to SimpleFSDP."""
+    """The model every run starts from (same seed, same weights), on ``spec.device``."""
+    model = _built_model(spec, sharding)
+    return model if spec.device == "cpu" else model.to(spec.device)
+
+
+def _built_model(spec: TrainSpec, sharding: Sharding) -> nn.Module:
+    """Sharded by the model kit, or built unsharded and handed to SimpleFSDP."""
     if spec.fsdp == "simple":
         if spec.model.ep:
             raise ValueError(
@@ -180,7 +187,10 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
     ):
         eager = _eager_model(spec, sharding, chunk)
         names = [n for n, _ in eager.named_parameters()]
-        batches = [Transformer.example_batch(eager, s, rank) for s in range(spec.steps)]  # type: ignore[arg-type]
+        batches = [
+            _on(spec.device, Transformer.example_batch(eager, s, rank))  # type: ignore[arg-type]
+            for s in range(spec.steps)
+        ]
         _say(spec, rank, f"eager reference: {spec.steps} steps")
         e_loss, e_grads, e_secs = _train(
             lambda s: eager(*batches[s]), list(eager.parameters()), spec.steps, spec.lr
@@ -218,6 +228,10 @@ def run_rank(rank: int, world_size: int, spec: TrainSpec) -> dict[str, Any]:
                     _model(spec, sharding), batches[0], partitioner="min_cut", enable_ac=False
                 ).to_dict()
     return result
+
+
+def _on(device: str, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch if device == "cpu" else (batch[0].to(device), batch[1].to(device))
 
 
 def _mark_token_inputs(kwargs: dict[str, Any], batch: tuple[torch.Tensor, ...]) -> None:
