@@ -211,6 +211,11 @@ def dynamic_dim_marks(tensor: torch.Tensor) -> dict[str, tuple[int, ...]]:
     return marks
 
 
+#: The logger of Inductor's FSDP pre-bucketing pass (INFO ``pre_bucket_fsdp_collectives: ...``
+#: on every compile; the demo filters it unless ``--verbose``).
+FSDP_PASS_LOGGER = "torch._inductor.fx_passes.fsdp"
+
+
 def default_partition() -> Callable[..., Any]:
     """torch's ``default_partition`` (saves what the forward computed, recomputes nothing
     beyond the tags)."""

@@ -23,12 +23,14 @@ from collections.abc import Callable
 
 from ap_tags.scoped import ScopedPatch
 
+from ap_backend import _compat
+
 __all__ = ["QUIET_DEMO_LOGS", "QUIET_ENV", "quiet_from_env", "quiet_torch_logs"]
 
 #: Set (to ``"1"``) in the environment of the demo's ranks when torch's lines are dropped.
 QUIET_ENV = "AP_BACKEND_DEMO_QUIET_TORCH_LOGS"
 
-_FSDP_LOGGER = "torch._inductor.fx_passes.fsdp"
+_FSDP_LOGGER = _compat.FSDP_PASS_LOGGER
 _CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
 _NO_CUDA = "No CUDA runtime is found"
 
