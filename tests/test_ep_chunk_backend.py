@@ -165,7 +165,13 @@ def test_a_user_net_chunks_through_static_marks(loss: str) -> None:
     the scalar loss's backward broadcasts the loss gradient to the full batch
     (``expand(g, [8, 8])``: chunked like a creation op along the dim its consumer needs) and
     the loss outside the module hands in a full-batch tangent (chunk-sized along the dim its
-    forward output carries); gradients equal ``EagerChunked`` and eager."""
+    forward output carries); gradients equal ``EagerChunked`` and eager.
+
+    Dynamo is reset first: run after the hinted test (which compiles the same
+    ``PrecompiledModule`` code), this compile was refused at compile time at the MoE's
+    ``full([8, 8])`` (the creation-op repair did not fire; presumably Dynamo's automatic
+    dynamic shapes handed it symbolic sizes, which the static route does not read)."""
+    torch._dynamo.reset()
     torch.manual_seed(0)
     net = UserNet(loss)
     ref_net = copy.deepcopy(net)
