@@ -10,6 +10,9 @@ memory are real. Rows:
 * ``plain``: ``torch.compile(model)``;
 * ``plain_budget``: the same with ``torch._functorch.config.activation_memory_budget=0.5``
   (patched around this row's calls only);
+* ``tagged_min_cut`` (``--rows`` only, not a default row): ``precompile`` +
+  ``autoparallel_backend(partitioner="min_cut", bucketing=False)``, torch's min-cut on the
+  tagged graph as the issue measured it (before bucketing was on by default);
 * ``ap_default``: ``precompile`` + ``autoparallel_backend()``;
 * ``ap_full``: ``precompile(..., joint_pass=ap_tags.ac_joint_pass())`` +
   ``autoparallel_backend(enable_ac=True, bucketing=True, overlap_scheduling=True)``;
@@ -90,10 +93,13 @@ TINY_MODEL = ModelConfig(dim=64, n_layers=1, n_heads=4, ffn_dim=128, vocab=128, 
 ROWS: tuple[tuple[str, str], ...] = (
     ("plain", "plain `torch.compile`"),
     ("plain_budget", "plain, `activation_memory_budget=0.5`"),
+    ("tagged_min_cut", 'tagged min-cut (`partitioner="min_cut"`, unbucketed)'),
     ("ap_default", "`precompile` + `autoparallel_backend()`"),
     ("ap_full", "ap full (AC joint pass + AC + bucketing + overlap)"),
     ("ap_budget", "ap, `activation_budget_bytes` = SaveAll / 2"),
 )
+
+DEFAULT_ROWS = ("plain", "plain_budget", "ap_default", "ap_full", "ap_budget")
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,11 @@ def _row_scope(key: str, device: str) -> Iterator[None]:
 
 
 def _summary(s: SavedSummary) -> dict[str, int]:
-    return {"saved_bytes": s.nbytes, "saved_tensors": s.count, "saved_ag": len(s.all_gather_outputs)}
+    return {
+        "saved_bytes": s.nbytes,
+        "saved_tensors": s.count,
+        "saved_ag": len(s.all_gather_outputs),
+    }
 
 
 def _is_kernel_event(event: Any, device: str) -> bool:
@@ -167,6 +177,9 @@ def _compiled(
     if key == "ap_full":
         pm = precompile(model, batch, joint_pass=ap_tags.ac_joint_pass())
         backend = autoparallel_backend(enable_ac=True, bucketing=True, overlap_scheduling=True)
+    elif key == "tagged_min_cut":
+        pm = precompile(model, batch)
+        backend = autoparallel_backend(partitioner="min_cut", bucketing=False)
     elif key == "ap_budget":
         pm = precompile(model, batch)
         backend = autoparallel_backend(activation_budget_bytes=budget)
@@ -285,7 +298,7 @@ def _environment(device: str) -> dict[str, Any]:
 def run(
     quick: bool = False,
     device: str = "cpu",
-    rows: Sequence[str] = tuple(k for k, _ in ROWS),
+    rows: Sequence[str] = DEFAULT_ROWS,
     shapes: Sequence[ModelConfig] | None = None,
     steps: int | None = None,
 ) -> dict[str, Any]:
@@ -372,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="CUDA: S=256 only; CPU: tiny shape")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
-    parser.add_argument("--rows", default=",".join(k for k, _ in ROWS))
+    parser.add_argument("--rows", default=",".join(DEFAULT_ROWS), help="comma-separated keys")
     parser.add_argument("--steps", type=int, help="steady steps to time (default 10)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
