@@ -204,6 +204,12 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.3f}"
 
 
+def _ratio(a: int, b: int) -> str:
+    if b == 0:
+        return "0 = 0" if a == 0 else "– (÷ 0)"
+    return f"{a / b:.2f}"
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = []
     proj = result["projected"]
@@ -222,8 +228,8 @@ def markdown(result: dict[str, Any]) -> str:
                     "–" if linear is None else ("yes" if linear else "**no**"),
                     p["per_layer_ag"],
                     _gb(p["full"]),
-                    f"{p['full'] / plain:.2f}",
-                    f"{p['full'] / tagged:.2f}",
+                    _ratio(p["full"], plain),
+                    _ratio(p["full"], tagged),
                 ]
             )
     columns = (

@@ -49,7 +49,7 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert sections["chunking"]["rows"]
     assert {row["name"] for row in sections["e2e"]["rows"]} >= {"eager", "stock Inductor"}
     real = sections["real_models"]["rows"][0]["partitions"]
-    assert real["save_all"]["runtime_bytes"] == real["save_all"]["bytes"]  # the two measures
+    assert real["replay_min_cut"]["runtime_bytes"] == real["replay_min_cut"]["bytes"]  # 2 measures
     for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 8."):
         assert heading in proc.stdout
     assert sorted(p.name for p in plots.glob("*.png")) == [
