@@ -28,7 +28,8 @@ row's budget patch for ``plain_budget``), generated kernels
 (``torch._inductor.metrics.generated_kernel_count`` after the first forward + backward) and,
 from ``torch.profiler`` over one steady step, kernels per step and kernel time:
 
-* CUDA: every device-side event (kernels, memcpy, memset) and the sum of their durations;
+* CUDA: every device-side event (kernels, memcpy, memset; not the ``record_function`` spans
+  the profiler mirrors on the device timeline) and the sum of their durations;
 * CPU: the Inductor C++ kernels (``cpp_fused_*``, recorded with
   ``torch._inductor.config.cpp.enable_kernel_profile``) plus every top-level ``aten::`` op (one
   with no ``aten::`` op above it: extern kernels such as ``mm``, fallbacks, the autograd
@@ -137,8 +138,10 @@ def _summary(s: SavedSummary) -> dict[str, int]:
 
 
 def _is_kernel_event(event: Any, device: str) -> bool:
-    if device == "cuda":
-        return bool(event.device_type == torch.autograd.DeviceType.CUDA)
+    if device == "cuda":  # kernels, memcpy, memset; not the record_function spans
+        return event.device_type == torch.autograd.DeviceType.CUDA and not getattr(
+            event, "is_user_annotation", False
+        )
     if event.device_type != torch.autograd.DeviceType.CPU:
         return False
     name: str = event.name
