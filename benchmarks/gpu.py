@@ -138,11 +138,13 @@ def _summary(s: SavedSummary) -> dict[str, int]:
 
 
 def _is_kernel_event(event: Any, device: str) -> bool:
+    from torch._C._autograd import DeviceType
+
     if device == "cuda":  # kernels, memcpy, memset; not the record_function spans
-        return event.device_type == torch.autograd.DeviceType.CUDA and not getattr(
+        return event.device_type == DeviceType.CUDA and not getattr(
             event, "is_user_annotation", False
         )
-    if event.device_type != torch.autograd.DeviceType.CPU:
+    if event.device_type != DeviceType.CPU:
         return False
     name: str = event.name
     if name.startswith("cpp_fused"):

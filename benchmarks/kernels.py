@@ -71,7 +71,7 @@ def count(model: Any, batch: tuple[Any, ...], key: str) -> dict[str, Any]:
     torch.compiler.reset()
     inductor_metrics.reset()
     compiled, backend = _compiled(key, model, batch, None)
-    compiled(*batch).backward()
+    compiled(*batch).backward()  # type: ignore[no-untyped-call]
     model.zero_grad(set_to_none=True)
     kernels = int(inductor_metrics.generated_kernel_count)
     if backend is None:
@@ -123,14 +123,14 @@ def _worker(config: str, cfg: ModelConfig, steps: int) -> dict[str, Any]:
         loss = compiled(*batch)
         forward_s = time.perf_counter() - start
         start = time.perf_counter()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         backward_s = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
         kernels = int(inductor_metrics.generated_kernel_count)
         times = []
         for _ in range(steps):
             start = time.perf_counter()
-            compiled(*batch).backward()
+            compiled(*batch).backward()  # type: ignore[no-untyped-call]
             model.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)

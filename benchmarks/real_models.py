@@ -36,11 +36,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import ap_tags
 import torch
-from ap_backend import precompile
+from ap_backend import PrecompiledModule, precompile
 from ap_partitioner import MinCutPartitioner, PartitionReport, SaveAllPartitioner, wait_tensor_dce
 from ap_testing.distributed import fake_world
 from torch import nn
@@ -59,15 +59,17 @@ QUICK_WIDTH = {"dim": 64, "seq": 16}
 
 #: (key, label, partitioner, AC on, which module: ``None`` the untagged step, else the
 #: ``first_partition`` of the ``precompile`` whose output is partitioned)
-PARTITIONS: tuple[tuple[str, str, Any, bool, str | None], ...] = tuple(
+FirstPartitioner = Literal["min_cut", "default"]
+_ROWS: tuple[tuple[str, str, Any, FirstPartitioner | None], ...] = (
+    ("plain", "plain torch.compile", MinCutPartitioner, None),
+    ("tagged_min_cut", "tagged min-cut", MinCutPartitioner, "min_cut"),
+    ("replay_min_cut", "ap replay of the min-cut first", SaveAllPartitioner, "min_cut"),
+    ("replay_default", "ap replay of default_partition first", SaveAllPartitioner, "default"),
+)
+PARTITIONS: tuple[tuple[str, str, Any, bool, FirstPartitioner | None], ...] = tuple(
     (key + suffix, label + ac_label, cls, ac, first)
     for ac, suffix, ac_label in ((False, "", ""), (True, "_ac", " + AC"))
-    for key, label, cls, first in (
-        ("plain", "plain torch.compile", MinCutPartitioner, None),
-        ("tagged_min_cut", "tagged min-cut", MinCutPartitioner, "min_cut"),
-        ("replay_min_cut", "ap replay of the min-cut first", SaveAllPartitioner, "min_cut"),
-        ("replay_default", "ap replay of default_partition first", SaveAllPartitioner, "default"),
-    )
+    for key, label, cls, first in _ROWS
 )
 
 
@@ -201,9 +203,9 @@ def measure_step(
     """The first partition (``precompile``) and every one of ``partitions`` (see
     :data:`PARTITIONS`) of ``step`` on ``batch``: graph and run-time measures per key."""
     held = _held(step, batch)
-    precompiled: dict[tuple[str, bool], nn.Module] = {}
+    precompiled: dict[tuple[FirstPartitioner, bool], PrecompiledModule] = {}
 
-    def first_compilation(first: str, ac: bool) -> nn.Module:
+    def first_compilation(first: FirstPartitioner, ac: bool) -> PrecompiledModule:
         if (first, ac) not in precompiled:
             torch.compiler.reset()
             joint_pass = ap_tags.ac_joint_pass() if ac else None
