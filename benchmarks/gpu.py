@@ -88,7 +88,7 @@ CPU_MODEL = ModelConfig(
     dim=256, n_layers=2, n_heads=4, ffn_dim=1024, vocab=1024, seq_len=512, batch=2
 )
 #: Seconds-sized shape (``--device cpu --quick`` and the test suite's smoke case).
-TINY_MODEL = ModelConfig(dim=64, n_layers=1, n_heads=4, ffn_dim=128, vocab=128, seq_len=64)
+TINY_MODEL = ModelConfig(dim=32, n_layers=1, n_heads=2, ffn_dim=64, vocab=64, seq_len=32)
 
 #: (key, label), in run order (``ap_budget`` needs ``ap_default``'s saved bytes).
 ROWS: tuple[tuple[str, str], ...] = (
@@ -314,7 +314,7 @@ def run(
             shapes = [replace(CUDA_MODEL, seq_len=s) for s in seqs]
         else:
             shapes = [TINY_MODEL if quick else CPU_MODEL]
-    settings = Settings(device, steps=steps or (3 if quick else 10), warmup=1 if quick else 2)
+    settings = Settings(device, steps=steps or (3 if quick else 10), warmup=0 if quick else 2)
     env = _environment(device)
     results = []
     with fake_world(WORLD):
