@@ -31,7 +31,9 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("e2e", "5. End to end on the demo model"),
     ("real_models", "6. Real models: activation memory saved for backward (graph and run time)"),
     ("real_models_compile", "7. Real models: compile time and step time vs stock Inductor"),
-    ("projection", "8. Projection to LLaMA-3 8B on 128 ranks: saved all-gather bytes"),
+    ("projection", "8. Projection to LLaMA-3 8B on 128 ranks: saved bytes, exact partitions"),
+    ("kernels", "9. Generated kernels, saved bytes and compile time at the CPU shape"),
+    ("gpu", "10. Step time, peak memory, saved bytes and kernels (benchmarks.gpu, CPU)"),
 )
 
 

@@ -80,11 +80,12 @@ def _draw(path: Path, plot: _Plot, series: Series) -> str:
 
 #: section 6's partitions, in bar order: (key in a row's "partitions", legend label)
 _SAVED_BARS = (
-    ("first", "first partition"),
-    ("save_all", "SaveAll"),
-    ("save_all_ac", "SaveAll + AC"),
-    ("min_cut_ac", "min-cut + AC"),
     ("plain", "plain torch.compile"),
+    ("tagged_min_cut", "tagged min-cut"),
+    ("replay_min_cut", "replay of min-cut first"),
+    ("replay_default", "replay of default_partition first"),
+    ("plain_ac", "plain + AC"),
+    ("replay_min_cut_ac", "replay of min-cut first + AC"),
 )
 
 

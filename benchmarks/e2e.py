@@ -4,6 +4,14 @@ gloo ranks. Compile time = first step (which compiles the forward and, lazily, t
 minus the median steady step, plus precompile for the two-stage path. Step times: median of
 >= 5 steps after the first (quick: 2), rank 0.
 
+Sized so activations dominate (issue 35): sequence 1024, batch 2 (2,048 tokens per rank), the
+demo width (dim 64) and 2 layers, so both gloo ranks still finish in minutes on a 2-core CPU.
+Rows: eager, stock Inductor (plain ``torch.compile``), tagged min-cut (``partitioner=
+"min_cut"`` on ``precompile``'s output), the ap default (the replay of the min-cut first
+partition), the same with AC (in both compilations) and the full configuration. The replay of a
+``default_partition`` first partition is in the saved-bytes tables (sections 6 and 8) only: the
+demo's ``Variant`` has no ``first_partition`` option.
+
 Every configuration is first compiled once as a discarded warm-up round (full run only), so
 each measured compile meets the same warm state (C++ toolchain loaded, kernel ``.so`` files
 cached; the FX-graph and AOTAutograd caches stay off). Without it the configuration that
@@ -23,9 +31,13 @@ from ap_backend.models import ModelConfig
 
 from benchmarks import markdown_table
 
+SEQ = 1024
+SEQ_QUICK = 16
 VARIANTS = (
     Variant("stock Inductor", backend="inductor"),
+    Variant("tagged min-cut", {"partitioner": "min_cut"}),
     Variant("autoparallel_backend", {"enable_ac": False}),
+    Variant("autoparallel_backend + AC", {"enable_ac": True}, first_compile_ac=True),
     Variant(
         "autoparallel_backend (AC + bucketing + overlap)",
         {"enable_ac": True, "bucketing": True, "overlap_scheduling": True},
@@ -38,7 +50,9 @@ def run(quick: bool) -> dict[str, Any]:
     steps = 3 if quick else 6  # first step compiles; the median is over the others
     warm_up = () if quick else tuple(replace(v, name=f"warm-up: {v.name}") for v in VARIANTS)
     spec = TrainSpec(
-        model=ModelConfig(n_layers=layers, attention="matmul"),
+        model=ModelConfig(
+            n_layers=layers, seq_len=SEQ_QUICK if quick else SEQ, batch=2, attention="matmul"
+        ),
         variants=(*warm_up, *VARIANTS),
         steps=steps,
     )
@@ -60,7 +74,8 @@ def run(quick: bool) -> dict[str, Any]:
                 "mismatches": sum(len(r["variants"][v.name]["mismatches"]) for r in ranks),
             }
         )
-    return {"layers": layers, "ranks": 2, "steps": steps, "rows": rows}
+    seq = SEQ_QUICK if quick else SEQ
+    return {"layers": layers, "seq": seq, "batch": 2, "ranks": 2, "steps": steps, "rows": rows}
 
 
 _COLUMNS = (
@@ -84,7 +99,8 @@ def markdown(result: dict[str, Any]) -> str:
         for row in result["rows"]
     ]
     heading = (
-        f"Demo model, {result['layers']} layers, {result['ranks']} gloo ranks, median of "
+        f"Demo model, {result['layers']} layers, seq {result.get('seq')}, batch "
+        f"{result.get('batch')}, {result['ranks']} gloo ranks, median of "
         f"{result['steps'] - 1} steady steps (rank 0)."
     )
     return f"{heading}\n\n{markdown_table(_COLUMNS, rows)}"

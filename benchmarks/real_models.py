@@ -1,4 +1,7 @@
-"""Section 6: the zoo's torchtitan Llama3 and Qwen3-MoE at 8 and 16 layers.
+"""Section 6: the zoo's torchtitan Llama3 and Qwen3-MoE at 2 and 4 layers, 2,048 tokens per rank.
+
+Sized so activations dominate (issue 35): sequence 1024, batch 2 (2,048 tokens per rank), few
+layers and a small width so the run still takes minutes on a 2-core CPU.
 
 Activation memory saved for backward, measured two ways on the same partitions:
 
@@ -10,10 +13,13 @@ Activation memory saved for backward, measured two ways on the same partitions:
   loss's autograd graph (``grad_fn.saved_tensors`` of every node), counted once per storage,
   excluding the parameters', buffers' and batch's storages (the caller holds those anyway).
 
-Partitions: (a) the first compilation's (``precompile``: FSDP recompute tags +
-``default_partition``); (b) SaveAll in the second compilation, AC off; (c) SaveAll + the AC
-staging pass; (d) min-cut + AC on the first compilation's output; (e) plain ``torch.compile``:
-min-cut without AC on the untagged model (what stock Inductor keeps). Every model is the zoo's
+Partitions, each without and with AC (ap-tags' AC joint pass; for the replays it runs in the
+first compilation too, ``precompile(..., joint_pass=ap_tags.ac_joint_pass())``): (a) the first
+compilation's own (``precompile``'s default, min-cut on the tagged joint, AC off); plain
+``torch.compile`` (min-cut on the untagged model: what stock Inductor keeps); tagged min-cut
+(min-cut on ``precompile``'s output); the ap replay (SaveAll) of the min-cut first partition
+(``first_partition="min_cut"``, the default) and of the ``default_partition`` one
+(``first_partition="default"``). Every model is the zoo's
 ``FsdpTrainStep`` on the fake process group (world size 8): real graphs, garbage data, so only
 bytes are meaningful.
 
@@ -30,11 +36,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import ap_tags
 import torch
-from ap_backend import precompile
+from ap_backend import PrecompiledModule, precompile
 from ap_partitioner import MinCutPartitioner, PartitionReport, SaveAllPartitioner, wait_tensor_dce
 from ap_testing.distributed import fake_world
 from torch import nn
@@ -43,20 +49,27 @@ from benchmarks import markdown_table
 
 #: (zoo builder name, width) of each model; layer counts per run mode below.
 MODELS: dict[str, dict[str, int]] = {
-    "tt_llama3": {"dim": 512, "seq": 128},
-    "tt_qwen3_moe": {"dim": 256, "seq": 64},
+    "tt_llama3": {"dim": 256, "seq": 1024},
+    "tt_qwen3_moe": {"dim": 128, "seq": 1024},
 }
-LAYERS_FULL = (8, 16)
+LAYERS_FULL = (2, 4)
 LAYERS_QUICK = (1,)
 QUICK_MODELS = ("tt_llama3",)
 QUICK_WIDTH = {"dim": 64, "seq": 16}
 
-#: (key, label, partitioner, AC on, on the first compilation's output)
-PARTITIONS = (
-    ("save_all", "(b) SaveAll", SaveAllPartitioner, False, True),
-    ("save_all_ac", "(c) SaveAll + AC", SaveAllPartitioner, True, True),
-    ("min_cut_ac", "(d) min-cut + AC", MinCutPartitioner, True, True),
-    ("plain", "(e) plain torch.compile", MinCutPartitioner, False, False),
+#: (key, label, partitioner, AC on, which module: ``None`` the untagged step, else the
+#: ``first_partition`` of the ``precompile`` whose output is partitioned)
+FirstPartitioner = Literal["min_cut", "default"]
+_ROWS: tuple[tuple[str, str, Any, FirstPartitioner | None], ...] = (
+    ("plain", "plain torch.compile", MinCutPartitioner, None),
+    ("tagged_min_cut", "tagged min-cut", MinCutPartitioner, "min_cut"),
+    ("replay_min_cut", "ap replay of the min-cut first", SaveAllPartitioner, "min_cut"),
+    ("replay_default", "ap replay of default_partition first", SaveAllPartitioner, "default"),
+)
+PARTITIONS: tuple[tuple[str, str, Any, bool, FirstPartitioner | None], ...] = tuple(
+    (key + suffix, label + ac_label, cls, ac, first)
+    for ac, suffix, ac_label in ((False, "", ""), (True, "_ac", " + AC"))
+    for key, label, cls, first in _ROWS
 )
 
 
@@ -190,8 +203,19 @@ def measure_step(
     """The first partition (``precompile``) and every one of ``partitions`` (see
     :data:`PARTITIONS`) of ``step`` on ``batch``: graph and run-time measures per key."""
     held = _held(step, batch)
+    precompiled: dict[tuple[FirstPartitioner, bool], PrecompiledModule] = {}
+
+    def first_compilation(first: FirstPartitioner, ac: bool) -> PrecompiledModule:
+        if (first, ac) not in precompiled:
+            torch.compiler.reset()
+            joint_pass = ap_tags.ac_joint_pass() if ac else None
+            precompiled[first, ac] = precompile(
+                step, batch, joint_pass=joint_pass, first_partition=first
+            )
+        return precompiled[first, ac]
+
     start = time.perf_counter()
-    pm = precompile(step, batch)
+    pm = first_compilation("min_cut", False)
     first_s = time.perf_counter() - start
     loss = pm(*batch)
     first_rt = runtime_saved(loss, held)
@@ -202,11 +226,11 @@ def measure_step(
     # SavedSummary names the all-gather outputs it saved; their bytes come from PartitionReport
     row.update(all_gather_count=len(first.all_gather_outputs), all_gather_bytes=None)
     rows: dict[str, Any] = {"first": row}
-    for key, _, cls, ac, tagged in partitions:
+    for key, _, cls, ac, first in partitions:
+        module = step if first is None else first_compilation(first, ac)
         torch.compiler.reset()
         reports: list[PartitionReport] = []
-        module = pm if tagged else step
-        call = _compiled_identity(module, cls(on_report=reports.append), ac, tagged)
+        call = _compiled_identity(module, cls(on_report=reports.append), ac, first is not None)
         start = time.perf_counter()
         loss = call(*batch)
         seconds = time.perf_counter() - start

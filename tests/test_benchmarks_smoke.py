@@ -21,6 +21,8 @@ SECTIONS = (
     "real_models",
     "real_models_compile",
     "projection",
+    "kernels",
+    "gpu",
 )
 
 
@@ -49,8 +51,19 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert sections["chunking"]["rows"]
     assert {row["name"] for row in sections["e2e"]["rows"]} >= {"eager", "stock Inductor"}
     real = sections["real_models"]["rows"][0]["partitions"]
-    assert real["save_all"]["runtime_bytes"] == real["save_all"]["bytes"]  # the two measures
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 8."):
+    assert real["replay_min_cut"]["runtime_bytes"] == real["replay_min_cut"]["bytes"]  # 2 measures
+    for heading in (
+        "## 1.",
+        "## 2.",
+        "## 3.",
+        "## 4.",
+        "## 5.",
+        "## 6.",
+        "## 7.",
+        "## 8.",
+        "## 9.",
+        "## 10.",
+    ):
         assert heading in proc.stdout
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "bucketing_time.png",
@@ -58,3 +71,39 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
         "partitioner_time.png",
         "real_models_saved.png",
     ]
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_rows_on_cpu(tmp_path: Path) -> None:
+    """``python -m benchmarks.gpu --device cpu --quick`` (a tiny shape): every row of the
+    table, sane numbers, and the ap default saves no all-gather output and no more than plain
+    ``torch.compile``, which saves them."""
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--steps", "1"]
+        + ["--json", str(out)],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=1800,  # five Inductor compiles; minutes on a loaded 2-core machine
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["environment"]["torch"] and result["world"] == 8
+    (shape,) = result["shapes"]
+    rows = shape["rows"]
+    assert tuple(rows) == ("plain", "plain_budget", "ap_default", "ap_full", "ap_budget")
+    for key, row in rows.items():
+        assert row["step_ms"] > 0 and row["compile_s"] > 0, key
+        assert row["generated_kernels"] > 0 and row["kernels_per_step"] > 0, key
+        assert row["kernel_ms"] > 0 and row["peak_bytes"] is None, key  # CPU: no peak
+        assert row["saved_bytes"] >= 0 and row["saved_tensors"] >= 0, key
+    plain, default = rows["plain"], rows["ap_default"]
+    assert plain["saved_ag"] > 0 and default["saved_ag"] == 0
+    assert 0 < default["saved_bytes"] <= plain["saved_bytes"]
+    assert rows["ap_budget"]["budget_bytes"] == default["saved_bytes"] // 2
+    assert rows["ap_budget"]["saved_bytes"] <= rows["ap_budget"]["budget_bytes"]
+    assert rows["plain_budget"]["saved_bytes"] <= plain["saved_bytes"]
+    for label in ("plain `torch.compile`", "`precompile` + `autoparallel_backend()`"):
+        assert f"| {label} |" in proc.stdout
