@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
         env=dict(os.environ),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,  # ten sections, each compiling; minutes on a loaded 2-core machine
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -50,6 +51,7 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert sections["bucketing"]["rows"]
     assert sections["chunking"]["rows"]
     assert {row["name"] for row in sections["e2e"]["rows"]} >= {"eager", "stock Inductor"}
+    _check_gpu_rows(sections["gpu"])
     real = sections["real_models"]["rows"][0]["partitions"]
     assert real["replay_min_cut"]["runtime_bytes"] == real["replay_min_cut"]["bytes"]  # 2 measures
     for heading in (
@@ -73,23 +75,11 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.slow
-def test_gpu_benchmark_rows_on_cpu(tmp_path: Path) -> None:
-    """``python -m benchmarks.gpu --device cpu --quick`` (a tiny shape): every row of the
-    table, sane numbers, and the ap default saves no all-gather output and no more than plain
-    ``torch.compile``, which saves them."""
-    out = tmp_path / "gpu.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--quick", "--steps", "1"]
-        + ["--json", str(out)],
-        cwd=ROOT,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=1800,  # five Inductor compiles; minutes on a loaded 2-core machine
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+def _check_gpu_rows(result: dict[str, Any]) -> None:
+    """The ``benchmarks.gpu`` section at its quick CPU shape (the same ``run`` as ``python -m
+    benchmarks.gpu --device cpu --quick``): every row of the table, sane numbers, and the ap
+    default saves no all-gather output and no more than plain ``torch.compile``, which saves
+    them."""
     assert result["environment"]["torch"] and result["world"] == 8
     (shape,) = result["shapes"]
     rows = shape["rows"]
@@ -105,5 +95,3 @@ def test_gpu_benchmark_rows_on_cpu(tmp_path: Path) -> None:
     assert rows["ap_budget"]["budget_bytes"] == default["saved_bytes"] // 2
     assert rows["ap_budget"]["saved_bytes"] <= rows["ap_budget"]["budget_bytes"]
     assert rows["plain_budget"]["saved_bytes"] <= plain["saved_bytes"]
-    for label in ("plain `torch.compile`", "`precompile` + `autoparallel_backend()`"):
-        assert f"| {label} |" in proc.stdout
