@@ -147,6 +147,21 @@ def predates_fsdp_prebucketing() -> bool:
     )
 
 
+def require_default_mode_reordering() -> None:
+    """Refuse ``bucket_mode="default"`` with reordering on a torch that predates FSDP
+    pre-bucketing: measured on torch 2.11.0 (CPU), the carried pre-bucketing's default-mode
+    buckets, once torch's scheduler reorders them, gave NaN results (ap-bucketing's
+    ``test_hsdp`` / ``test_region_sort`` default-mode cases); ``"custom_ops"``, the default,
+    matches bitwise there. Raises this package's error naming the mode and the first torch
+    whose own pre-bucketing it is tested with."""
+    if predates_fsdp_prebucketing():
+        raise missing(
+            f"{FSDP_MODULE}.pre_bucket_fsdp_collectives for bucket_mode='default' with reordering "
+            f"(first in torch {FSDP_PREBUCKETING_SINCE}; on this torch use bucket_mode="
+            "'custom_ops', the default, or reorder=False)"
+        )
+
+
 def _prebucketing_attr(name: str) -> Any:
     """``fsdp.<name>`` of FSDP pre-bucketing, or the error naming the feature and the first
     torch that has it."""
