@@ -67,7 +67,7 @@ def test_threads_entering_leaving_and_raising_restore_torch_exactly() -> None:
     AB.uninstall()  # some worker may have left an install() behind, as a program could
     assert not AB.is_installed() and AB.current_config() is None
     now = _torch_functions()
-    assert now[0] is originals[0] and now[1] is originals[1]
+    assert len(now) == len(originals) and all(a is b for a, b in zip(now, originals, strict=True))
     assert torch.compiler.config.cache_key_tag == tag
 
 

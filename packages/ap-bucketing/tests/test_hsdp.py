@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.fx as fx
 from ap_bucketing import BucketingConfig, OverlapBucketingPass, primary_fsdp_groups
+from ap_bucketing._compat import predates_fsdp_prebucketing
 from ap_testing.collectives import hsdp_backward_graph
 from ap_testing.distributed import single_rank_gloo
 
@@ -54,6 +55,8 @@ def test_replicate_group_gradient_all_reduces_are_bucketed(
     SimpleFSDP all-reduces the unsharded gradient, then reduce-scatters it (whose wait the
     FSDP pre-bucketing packs into one reduce-scatter bucket before the all-reduces are
     bucketed: torchtitan Llama3 HSDP 2x2 kept its 17 all-reduces, issue #23)."""
+    if mode == "default" and reorder and predates_fsdp_prebucketing():
+        pytest.skip("bucket_mode='default' with reordering is refused on this torch (2.11/2.12)")
     shard, replicate = groups
     gm = hsdp_backward_graph(LAYERS, shard, replicate, all_reduce_first=all_reduce_first)
     assert list(primary_fsdp_groups(gm)[0]) == [shard]  # the replicate group is not primary

@@ -20,8 +20,12 @@ from ap_bucketing import (
     overlap_config_patches,
     primary_fsdp_groups,
 )
+from ap_bucketing._compat import predates_fsdp_prebucketing
 from ap_testing.models import FsdpStack
 from torch._inductor.compile_fx import compile_fx
+
+#: torch 2.11/2.12: no Inductor FSDP pre-bucketing (ap-bucketing carries its own)
+PREDATES = predates_fsdp_prebucketing()
 
 _AGS = (
     torch.ops._c10d_functional.all_gather_into_tensor.default,
@@ -131,13 +135,14 @@ def test_end_to_end_fsdp_model_buckets_all_gathers_with_the_patched_functions(
     x = torch.randn(4, 32, requires_grad=True)
     with collect_stats() as stats:
         out = torch.compile(model, backend=backend, fullgraph=True)(x)
-        assert len(identify_calls) == 1  # forward compiled, backward not yet
+        # (a torch before FSDP pre-bucketing, 2.11/2.12, has no identify_fsdp_groups to call)
+        assert len(identify_calls) == (0 if PREDATES else 1)  # forward compiled, backward not yet
         out.sum().backward()  # the backward compiles lazily, outside torch.compile's call
     assert not ap_bucketing.is_installed()  # scoped: nothing left patched afterwards
     forward, backward = counting.seen
     assert forward["ag_before"] == 4 and forward["ag_after"] == 1
     assert backward["rs_before"] == 4  # the pass ran on the lazily compiled backward too
-    assert identify_calls == [config, config]  # patched identify, with our config, fw and bw
+    assert identify_calls == ([] if PREDATES else [config, config])  # patched identify, fw and bw
     # The patched greedy function bucketed the four all-gathers into one bucket.
     assert any(s.buckets == 1 and s.bucketed == 4 for s in stats)
     assert all(s.max_topo_span == 10_000 for s in stats)

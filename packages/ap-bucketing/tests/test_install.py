@@ -72,11 +72,10 @@ def test_patched_inside_install_returns_to_the_installed_config() -> None:
     uninstall()
 
 
-def _state() -> tuple[object, object, object, object]:
-    """Everything entering a patch may change: torch's two functions, the cache-key tag and
+def _state() -> tuple[object, ...]:
+    """Everything entering a patch may change: torch's patch sites, the cache-key tag and
     the active config."""
-    identify, greedy = _torch_functions()
-    return identify, greedy, torch.compiler.config.cache_key_tag, ap_bucketing.current_config()
+    return (*_torch_functions(), torch.compiler.config.cache_key_tag, ap_bucketing.current_config())
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:

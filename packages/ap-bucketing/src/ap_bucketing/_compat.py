@@ -20,7 +20,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-import torch.fx.operator_schemas
+
+from ap_bucketing import _carried
 
 if TYPE_CHECKING:
     from torch._inductor.custom_graph_pass import CustomGraphPass as CustomGraphPass
@@ -147,6 +148,21 @@ def predates_fsdp_prebucketing() -> bool:
     )
 
 
+def require_default_mode_reordering() -> None:
+    """Refuse ``bucket_mode="default"`` with reordering on a torch that predates FSDP
+    pre-bucketing: measured on torch 2.11.0 (CPU), the carried pre-bucketing's default-mode
+    buckets, once torch's scheduler reorders them, gave NaN results (ap-bucketing's
+    ``test_hsdp`` / ``test_region_sort`` default-mode cases); ``"custom_ops"``, the default,
+    matches bitwise there. Raises this package's error naming the mode and the first torch
+    whose own pre-bucketing it is tested with."""
+    if predates_fsdp_prebucketing():
+        raise missing(
+            f"{FSDP_MODULE}.pre_bucket_fsdp_collectives for bucket_mode='default' with reordering "
+            f"(first in torch {FSDP_PREBUCKETING_SINCE}; on this torch use bucket_mode="
+            "'custom_ops', the default, or reorder=False)"
+        )
+
+
 def _prebucketing_attr(name: str) -> Any:
     """``fsdp.<name>`` of FSDP pre-bucketing, or the error naming the feature and the first
     torch that has it."""
@@ -192,7 +208,11 @@ def fsdp_all_gather_helpers() -> tuple[Any, Any, Any]:
     names = ("is_fsdp_all_gather", "_get_group_name", "_get_group_size_from_node")
     if predates_fsdp_prebucketing():  # 2.11/2.12: carried where missing (2.12 has the first)
         fsdp = module(FSDP_MODULE)
-        carried = (_is_fsdp_all_gather, _get_group_name, _get_group_size_from_node)
+        carried = (
+            _carried.is_fsdp_all_gather,
+            _carried.get_group_name,
+            _carried.get_group_size_from_node,
+        )
         is_fsdp, group_name, group_size = (
             getattr(fsdp, n, c) for n, c in zip(names, carried, strict=True)
         )
@@ -201,58 +221,13 @@ def fsdp_all_gather_helpers() -> tuple[Any, Any, Any]:
     return is_fsdp, group_name, group_size
 
 
-# torch 2.11/2.12 lack these three (2.12 has an older ``is_fsdp_all_gather``, used as it is);
-# carried from torch 2.15, ``torch/_inductor/fx_passes/fsdp.py``.
-
-
-def _is_fsdp_all_gather(n: torch.fx.Node) -> bool:
-    """The all-gather derives from exactly one placeholder (a parameter), through any number
-    of input branches (torch 2.15's ``is_fsdp_all_gather``)."""
-    visited: set[torch.fx.Node] = set()
-    queue = list(n.all_input_nodes)
-    placeholders = 0
-    while queue:
-        node = queue.pop()
-        if node in visited:
-            continue
-        visited.add(node)
-        if node.op == "placeholder":
-            placeholders += 1
-            if placeholders > 1:
-                return False
-        else:
-            queue.extend(node.all_input_nodes)
-    return placeholders == 1
-
-
-def _collective_kwargs(n: torch.fx.Node) -> dict[str, object]:
-    normalized = torch.fx.operator_schemas.normalize_function(
-        n.target,  # type: ignore[arg-type]
-        args=n.args,
-        kwargs=n.kwargs,
-        normalize_to_only_use_kwargs=True,
-    )
-    if normalized is None:
-        raise ValueError(f"ap-bucketing: cannot read the arguments of collective {n.name}")
-    return dict(normalized[1])
-
-
-def _get_group_name(n: torch.fx.Node) -> str:
-    return str(_collective_kwargs(n)["group_name"])
-
-
-def _get_group_size_from_node(n: torch.fx.Node) -> int:
-    size: Any = _collective_kwargs(n)["group_size"]
-    return int(size)
-
-
 def fsdp_reduce_scatter_wait_predicate() -> Any:
     """torch's ``fsdp.is_fsdp_reduce_scatter_wait``: the reduce-scatter's wait flows to the
     graph's outputs through single-input ops only (a gradient going out unchanged). The same
     predicate torch's FSDP reduce-scatter bucketing filters on (on a torch that predates FSDP
     pre-bucketing, 2.15's, which the carried pre-bucketing filters on)."""
     if predates_fsdp_prebucketing():
-        return _is_fsdp_reduce_scatter_wait
+        return _carried.is_fsdp_reduce_scatter_wait
     return attr(FSDP_MODULE, "is_fsdp_reduce_scatter_wait")
 
 
@@ -307,7 +282,7 @@ def _pre_bucket_fsdp_collectives_before_2_13(
     scatters = b.bucket_reduce_scatter_by_mb(
         gm,
         cap_fn,
-        filter_wait_node=_is_fsdp_reduce_scatter_wait,
+        filter_wait_node=_carried.is_fsdp_reduce_scatter_wait,
         mode=resolved.replace("_multidtype", ""),
     )
     if scatters:
@@ -317,28 +292,6 @@ def _pre_bucket_fsdp_collectives_before_2_13(
     )
     for bucket in reduces:
         b.merge_all_reduce_bucket(gm.graph, bucket)
-
-
-def _is_fsdp_reduce_scatter_wait(wait: torch.fx.Node) -> bool:
-    """torch 2.15's ``fsdp.is_fsdp_reduce_scatter_wait`` (2.11/2.12's own accepts only a wait
-    that is itself an output or feeds one cast): every path from the wait reaches an output
-    through single-input ops."""
-    if not wait.users:
-        return False
-    visited: set[torch.fx.Node] = set()
-    queue = [wait]
-    while queue:
-        node = queue.pop()
-        if node in visited:
-            continue
-        visited.add(node)
-        for user in node.users:
-            if user.op == "output":
-                continue
-            if len(user.all_input_nodes) != 1:
-                return False
-            queue.append(user)
-    return True
 
 
 def c10d_ops(*names: str) -> tuple[Any, ...]:

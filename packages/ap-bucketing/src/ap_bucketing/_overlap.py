@@ -162,6 +162,8 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         if not graph.find_nodes(op="call_function", target=wait):
             return
         _check_sizable(graph)  # refuse before torch's passes start mutating the graph
+        if self.reorder and self.config.bucket_mode == "default":
+            _compat.require_default_mode_reordering()
         before = max_consec_compute_between_rs(graph)
         counts_before = collective_counts(graph)
         saved = checkpoint(graph)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +68,8 @@ def first_compile(
 
     def partition(gm: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
         kw.pop("compiler", None)
-        fw, bw = default_partition(gm, joint_inputs, **kw)
+        with _rng_rule_like_2_14():
+            fw, bw = default_partition(gm, joint_inputs, **kw)
         seen.update(bw=bw, num_fwd_outputs=kw["num_fwd_outputs"])
         return fw, bw
 
@@ -149,3 +150,39 @@ def second_compile(
         loss = torch.compile(first.module, backend=backend, fullgraph=True)(first.x)
     loss.backward()
     return graphs
+
+
+@contextlib.contextmanager
+def _rng_rule_like_2_14() -> Iterator[None]:
+    """What ap-backend's first compilation does (``ap_backend._compat.FIRST_PARTITION_RNG_RULE``)
+    on a torch without ``partitioners.is_rng_op`` (2.11-2.13): decide "recomputes a random op"
+    by 2.14's rule, so an AC-recomputed zero-dropout SDPA is not wrapped in
+    ``run_and_save_rng_state`` (which the second compile cannot retrace)."""
+    import torch._functorch.partitioners as partitioners
+
+    if hasattr(partitioners, "is_rng_op"):
+        yield
+        return
+    old = partitioners.has_recomputable_rng_ops
+
+    def random(n: fx.Node) -> bool:
+        target: Any = n.target
+        if n.op != "call_function" or not hasattr(target, "_schema"):
+            return False
+        if torch.Tag.nondeterministic_seeded not in target.tags:
+            return False
+        names = [a.name for a in target._schema.arguments]
+        if "dropout_p" not in names:
+            return True
+        i = names.index("dropout_p")
+        p = n.args[i] if len(n.args) > i else n.kwargs.get("dropout_p", 0.0)
+        return not (isinstance(p, int | float) and p == 0)
+
+    def has_recomputable_rng_ops(fx_g: fx.GraphModule) -> bool:
+        return any(partitioners.must_recompute(n) and random(n) for n in fx_g.graph.nodes)
+
+    partitioners.has_recomputable_rng_ops = has_recomputable_rng_ops
+    try:
+        yield
+    finally:
+        partitioners.has_recomputable_rng_ops = old
