@@ -53,6 +53,20 @@ def test_bucketing_is_on_by_default() -> None:
     """The default configuration buckets: unbucketed, every weight's backward re-gather is a
     kernel of its own, and the default would generate more kernels than plain compile."""
     assert autoparallel_backend().options.bucketing == BucketingConfig()
+    assert autoparallel_backend(bucketing="auto").options.bucketing == BucketingConfig()
+
+
+def test_default_bucketing_stays_off_for_ep_chunk_without_overlap_scheduling() -> None:
+    """Bucketing without the overlap scheduler broke the chunk schedule's order on torchtitan's
+    Qwen3-MoE with real EP (BackendCompilerFailed); with it the same graphs train like eager EP.
+    An explicit ``bucketing=True`` is the user's to ask for."""
+    import ap_epchunk
+
+    chunk = ap_epchunk.ChunkConfig(("layers.*.moe",), num_chunks=2)
+    assert autoparallel_backend(ep_chunk=chunk).options.bucketing is None
+    on = autoparallel_backend(ep_chunk=chunk, overlap_scheduling=True).options.bucketing
+    assert on == BucketingConfig()
+    assert autoparallel_backend(ep_chunk=chunk, bucketing=True).options.bucketing is not None
 
 
 def test_custom_partitioner_is_accepted_as_is() -> None:

@@ -243,7 +243,7 @@ def autoparallel_backend(
     enable_ac: bool = False,
     ac_stage_size_gib: float | str = "auto",
     overlap_scheduling: bool = False,
-    bucketing: ap_bucketing.BucketingConfig | bool | None = True,
+    bucketing: ap_bucketing.BucketingConfig | bool | str | None = "auto",
     ep_chunk: ap_epchunk.ChunkConfig | None = None,
     partitioner: str | Any | None = None,
     activation_budget_bytes: int | None = None,
@@ -255,9 +255,11 @@ def autoparallel_backend(
     * ``overlap_scheduling``: Inductor's overlap scheduler for forward and backward (works on
       CPU-only machines: analytical estimators, no fusion regions).
     * ``bucketing``: topo-span-bounded FSDP bucketing for every graph this backend compiles,
-      including the lazy backward -- on by default (``True``: ``ap_bucketing.
-      BucketingConfig()``; or a ``BucketingConfig`` of your own); ``False``/``None`` turns it
-      off. Why on by default: resharding after forward re-gathers every weight in the
+      including the lazy backward -- on by default (``"auto"``: ``ap_bucketing.
+      BucketingConfig()``, except with ``ep_chunk`` and without ``overlap_scheduling``, where
+      bucketing without the overlap scheduler broke the chunk schedule's order on torchtitan's
+      Qwen3-MoE with real EP); ``True`` or a ``BucketingConfig`` of your own turns it on,
+      ``False``/``None`` off. Why on by default: resharding after forward re-gathers every weight in the
       backward, and each re-gather costs its own cast-and-copy kernel (one per weight,
       unbucketed); a bucket pays one for all its weights, which is what keeps the default's
       kernel count at or under plain ``torch.compile``'s. Bucketing is exact (the same

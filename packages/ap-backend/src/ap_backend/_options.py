@@ -51,6 +51,21 @@ class BackendOptions:
     activation_budget_bytes: int | None = None
 
 
+#: ``autoparallel_backend``'s default for ``bucketing``: on, except with ``ep_chunk`` and without
+#: ``overlap_scheduling``. Why the exception: bucketing without the overlap scheduler re-sorts
+#: nothing after the chunk schedule, and on torchtitan's Qwen3-MoE with real expert parallelism
+#: (2 gloo ranks, N=2) the bucketed forward then read a wait before it was defined
+#: (``BackendCompilerFailed``); with ``overlap_scheduling`` the same graphs compile and match
+#: eager EP (zoo/RESULTS.md, "Expert parallelism at 2 gloo ranks").
+AUTO_BUCKETING = "auto"
+
+
+def auto_bucketing(ep_chunk: object, overlap_scheduling: object) -> bool:
+    """What ``bucketing="auto"`` (the default) means for these options (see
+    :data:`AUTO_BUCKETING`)."""
+    return ep_chunk is None or overlap_scheduling is True
+
+
 def _check_bucketing(value: object, where: str) -> BucketingConfig | None:
     if value is None or value is False:
         return None
@@ -61,7 +76,7 @@ def _check_bucketing(value: object, where: str) -> BucketingConfig | None:
         BucketingConfig,
         where=where,
         arg="bucketing",
-        expected="None, a bool or an ap_bucketing.BucketingConfig",
+        expected="'auto', None, a bool or an ap_bucketing.BucketingConfig",
     )
 
 
@@ -126,7 +141,12 @@ def validate_options(
             ac_stage_size_gib, where=where, arg="ac_stage_size_gib"
         ),
         overlap_scheduling=require_bool(overlap_scheduling, where=where, arg="overlap_scheduling"),
-        bucketing=_check_bucketing(bucketing, where),
+        bucketing=_check_bucketing(
+            auto_bucketing(ep_chunk, overlap_scheduling)
+            if bucketing == AUTO_BUCKETING
+            else bucketing,
+            where,
+        ),
         ep_chunk=_check_ep_chunk(ep_chunk, where),
         partitioner=choice,
         activation_budget_bytes=budget,
