@@ -59,8 +59,9 @@ def build_spec(opts: DemoOptions) -> TrainSpec:
     kwargs: dict[str, Any] = {"enable_ac": opts.ac}
     if opts.ac:
         kwargs["ac_stage_size_gib"] = DEMO_AC_STAGE_GIB
+    # --no-bucketing must say so: the backend buckets by default
+    kwargs["bucketing"] = opts.bucketing
     if opts.bucketing:
-        kwargs["bucketing"] = True
         kwargs["overlap_scheduling"] = True
     if opts.chunk:
         from ap_epchunk import ChunkConfig
