@@ -141,3 +141,17 @@ def test_default_partition_stays_an_option() -> None:
         assert replay.storage_keys == pm.first_partition.storage_keys
         with pytest.raises(ValueError, match="first_partition must be 'min_cut' or 'default'"):
             ap_backend.precompile(model, batch, first_partition="greedy")  # type: ignore[arg-type]
+
+
+def test_chunk_marked_calls_keep_default_partition() -> None:
+    """``first_partition=None``: min-cut, except for a call whose tensors carry chunk-dim marks
+    (the EP chunk route, measured on ``default_partition``: with min-cut's recomputation the
+    chunk pass mis-ordered a wait on torchtitan's Qwen3-MoE with real EP)."""
+    import ap_epchunk
+
+    with fake_world(8):
+        model = Transformer(ModelConfig(), Sharding.from_world())
+        tokens, targets = model.example_batch(0, 0)
+        assert ap_backend.precompile(model, (tokens, targets)).first_partitioner == "min_cut"
+        ap_epchunk.mark_chunk_dim(tokens, 0, hint=None)
+        assert ap_backend.precompile(model, (tokens, targets)).first_partitioner == "default"

@@ -57,9 +57,9 @@ def test_bucketing_is_on_by_default() -> None:
 
 
 def test_default_bucketing_stays_off_for_ep_chunk_without_overlap_scheduling() -> None:
-    """Bucketing without the overlap scheduler broke the chunk schedule's order on torchtitan's
-    Qwen3-MoE with real EP (BackendCompilerFailed); with it the same graphs train like eager EP.
-    An explicit ``bucketing=True`` is the user's to ask for."""
+    """Bucketing after the chunk schedule without the overlap scheduler was never measured on a
+    chunked EP graph, so the default leaves it off there; with the overlap scheduler (the full
+    configuration) the EP routes are measured. An explicit ``bucketing=True`` is the user's."""
     import ap_epchunk
 
     chunk = ap_epchunk.ChunkConfig(("layers.*.moe",), num_chunks=2)

@@ -52,11 +52,10 @@ class BackendOptions:
 
 
 #: ``autoparallel_backend``'s default for ``bucketing``: on, except with ``ep_chunk`` and without
-#: ``overlap_scheduling``. Why the exception: bucketing without the overlap scheduler re-sorts
-#: nothing after the chunk schedule, and on torchtitan's Qwen3-MoE with real expert parallelism
-#: (2 gloo ranks, N=2) the bucketed forward then read a wait before it was defined
-#: (``BackendCompilerFailed``); with ``overlap_scheduling`` the same graphs compile and match
-#: eager EP (zoo/RESULTS.md, "Expert parallelism at 2 gloo ranks").
+#: ``overlap_scheduling``. Why the exception: bucketing after the chunk schedule without the
+#: overlap scheduler (which re-sorts the bucketed graph) has never been run on a chunked EP
+#: graph; the EP routes are measured without bucketing (``default``) or with both (``full``),
+#: so that combination stays what it was until it is measured.
 AUTO_BUCKETING = "auto"
 
 

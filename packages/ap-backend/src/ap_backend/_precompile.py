@@ -128,6 +128,17 @@ def _recording_partition(
     return fw, bw
 
 
+def _default_first_partition(
+    args: Sequence[Any], kwargs: Mapping[str, Any] | None
+) -> FirstPartitioner:
+    """``first_partition=None``: min-cut, unless an input tensor carries a chunk-dim mark (the
+    EP chunk route, which is built and measured on ``default_partition``'s backward; see
+    :func:`precompile`)."""
+    values = [*args, *(kwargs or {}).values()]
+    marked = any(isinstance(v, torch.Tensor) and ap_epchunk.chunk_dims_of(v) for v in values)
+    return "default" if marked else "min_cut"
+
+
 def _retraceable(compiler: Callable[..., Any], backward: bool = False) -> Callable[..., Any]:
     """``compiler`` after :func:`~ap_backend._trace.reshape_views` (see ``_trace``); for the
     backward also after ``ap_epchunk.tag_recomputed_module_fqns`` (the forward ops AC made the
@@ -330,7 +341,7 @@ def precompile(
     reshard_after_forward: bool = True,
     joint_pass: JointPass | None = None,
     max_signatures: int = DEFAULT_MAX_SIGNATURES,
-    first_partition: FirstPartitioner = "min_cut",
+    first_partition: FirstPartitioner | None = None,
 ) -> PrecompiledModule:
     """Run the first compilation of ``module(*example_args, **example_kwargs)`` and return a
     module that ``torch.compile(..., backend=autoparallel_backend())`` retraces with the tags
@@ -351,7 +362,11 @@ def precompile(
     MUST_RECOMPUTE (the backward re-gathers); ``False`` saves the gathered weight instead.
 
     ``first_partition`` picks the first compilation's partitioner, whose saved set the
-    backend's save-all partitioner replays: ``"min_cut"`` (default) is torch's min-cut on the
+    backend's save-all partitioner replays. ``None`` (default) means ``"min_cut"``, except for
+    a call whose tensors carry ``ap_epchunk.mark_chunk_dim`` marks (the EP chunk route), which
+    keeps ``"default"``: with min-cut's recomputation in the first backward, the chunk pass
+    mis-ordered a wait on torchtitan's Qwen3-MoE with real EP (``BackendCompilerFailed``), and
+    that route is measured on ``default_partition``. ``"min_cut"`` is torch's min-cut on the
     tagged joint graph, as Inductor would partition it -- at real token counts it saves no more
     than plain ``torch.compile`` and never an all-gathered weight; ``"default"`` is torch's
     ``default_partition`` (AutoParallel's choice), which saves every intermediate the backward
@@ -369,6 +384,8 @@ def precompile(
     require_bool(reshard_after_forward, where=where, arg="reshard_after_forward")
     require_callable(joint_pass, where=where, arg="joint_pass", optional=True)
     require_int(max_signatures, where=where, arg="max_signatures", minimum=1)
+    if first_partition is None:
+        first_partition = _default_first_partition(example_args, example_kwargs)
     if first_partition not in _FIRST_PARTITIONERS:
         choices = " or ".join(repr(c) for c in _FIRST_PARTITIONERS)
         raise ValueError(f"{where}: first_partition must be {choices}, got {first_partition!r}")
