@@ -19,6 +19,7 @@ from ap_tags import (
     preserve_meta_compiler,
     release_recomputed_saves,
 )
+from ap_tags._recomputed import mark_backward_graph
 from torch.utils.checkpoint import CheckpointPolicy
 
 aten = torch.ops.aten
@@ -99,3 +100,33 @@ def test_backward_compiler_releases_but_forward_compiler_does_not() -> None:
     gm, n, _ = _graphs()
     preserve_meta_compiler(tag_forward=True, num_fwd_outputs=2)(gm, [])
     assert n["sdpa"].meta[RECOMPUTE] is (CheckpointPolicy.MUST_SAVE)
+
+
+def _as_torch_2_12_extracts(gm: torch.fx.GraphModule) -> None:
+    """torch 2.12's backward extraction leaves ``autograd_backward`` off; only AOTAutograd's
+    ``partitioner_tag`` says which nodes are backward ones."""
+    for node in gm.graph.nodes:
+        node.meta.pop("autograd_backward", None)
+
+
+def test_backward_compiler_marks_every_node_of_a_backward_graph_backward() -> None:
+    """The second compilation's tracer copies ``autograd_backward`` from the interpreted node;
+    without it the recomputed SDPA copy is retraced as a forward node and the replay saves its
+    output (the forward then runs SDPA twice: torch 2.12)."""
+    gm, n, _ = _graphs()
+    _as_torch_2_12_extracts(gm)
+    preserve_meta_compiler()(gm, [])
+    assert {name for name, node in n.items() if node.meta.get("autograd_backward")} == {
+        "sdpa",
+        "out",
+        "gather",
+        "mul",
+    }
+    assert mark_backward_graph(gm) == 0  # idempotent
+
+
+def test_forward_graph_is_not_marked_backward() -> None:
+    gm, n, _ = _graphs(backward=False)
+    assert mark_backward_graph(gm) == 0
+    preserve_meta_compiler(tag_forward=True, num_fwd_outputs=2)(gm, [])
+    assert not any(node.meta.get("autograd_backward") for node in n.values())

@@ -25,7 +25,7 @@ import torch.fx.traceback as fx_traceback
 
 from ._compat import replay_scope, require_fx_traceback
 from ._first_forward import register_first_forward
-from ._recomputed import release_recomputed_saves
+from ._recomputed import mark_backward_graph, release_recomputed_saves
 from ._saved import SavedOutputsReport, check_num_fwd_outputs, tag_saved_outputs
 from .checks import require_bool, require_graph_module
 
@@ -74,6 +74,7 @@ def preserve_meta_compiler(
             register_first_forward(gm.graph)
         else:
             release_recomputed_saves(gm)
+            mark_backward_graph(gm)
         return InterpretedGraph(gm, report)
 
     return compile_graph

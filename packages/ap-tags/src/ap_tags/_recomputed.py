@@ -33,10 +33,14 @@ log = logging.getLogger(__name__)
 #: the ops the partition recomputed there.
 _FORWARD_TAGS = ("is_forward", "must_be_in_forward")
 
+#: The node-meta key torch's backward extraction and tracer use for backward nodes.
+_BACKWARD = "autograd_backward"
+
 
 def is_backward_graph(gm: torch.fx.GraphModule) -> bool:
     """A graph ``_extract_fwd_bwd_modules`` extracted as the backward: it marks every backward
-    ``call_function`` ``autograd_backward`` (2.13-2.15)."""
+    ``call_function`` ``autograd_backward`` (2.13-2.15); on 2.11/2.12 the backward ops carry
+    AOTAutograd's backward ``partitioner_tag`` only."""
     return any(is_backward_node(n) for n in gm.graph.nodes if n.op == "call_function")
 
 
@@ -51,6 +55,29 @@ def _stale(node: torch.fx.Node) -> tuple[bool, bool]:
     has_replay = isinstance(custom, dict) and (MUST_SAVE in custom or MUST_SAVE_INDICES in custom)
     saves = node.meta.get(RECOMPUTE) in (policy.MUST_SAVE, policy.PREFER_SAVE)
     return has_replay, saves
+
+
+def mark_backward_graph(bw_gm: torch.fx.GraphModule) -> int:
+    """Mark every ``call_function`` / ``get_attr`` of a backward graph ``autograd_backward``,
+    as torch 2.13+'s ``_extract_fwd_bwd_modules`` does; return how many nodes were newly marked.
+
+    Why: a second compilation tells its joint's backward nodes apart by that mark, which the
+    tracer copies from the interpreted node (``fx.proxy``, 2.12+). On torch 2.12 extraction does
+    not set it, so the forward ops the first partition recomputed in its backward (they keep
+    ``partitioner_tag="is_forward"``) were retraced as *forward* nodes: the save-all replay then
+    saved their outputs, and the forward ran SDPA twice (ap-partitioner's SDPA replay test,
+    10 saves where the first partition kept 8). Idempotent, so it runs on every torch.
+    A graph that is not a backward graph is left alone.
+    """
+    require_graph_module(bw_gm, where="mark_backward_graph", arg="bw_gm")
+    if not is_backward_graph(bw_gm):
+        return 0
+    marked = 0
+    for node in bw_gm.graph.nodes:
+        if node.op in ("call_function", "get_attr") and node.meta.get(_BACKWARD) is not True:
+            node.meta[_BACKWARD] = True
+            marked += 1
+    return marked
 
 
 def release_recomputed_saves(bw_gm: torch.fx.GraphModule) -> tuple[str, ...]:
