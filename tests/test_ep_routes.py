@@ -11,8 +11,8 @@ the lazily compiled backward's ``repeat_interleave(..., output_size=u7 + u8)`` r
 "allocated size does not match required size". ``hint=None`` and unmarked tokens refuse at
 COMPILE time with a ChunkError naming the fix; none may compile and then fail at run time.
 
-One 2-rank spawn runs every case (Qwen3-MoE, N=2; about 2 min at load ~4 on the 2-core
-machine); ``AP_EP_ROUTES_CASES=all`` adds DeepSeek-V3 and N=4 on the hinted route.
+One 2-rank spawn runs every case (Qwen3-MoE, N=2: 169 s at load ~4 on the 2-core machine);
+``AP_EP_ROUTES_CASES=all`` adds DeepSeek-V3 and N=4 on the hinted route (302 s).
 """
 
 from __future__ import annotations
