@@ -2,14 +2,20 @@
 MoE with real expert parallelism, ``torch.compile(step, backend=autoparallel_backend(ep_chunk=
 ChunkConfig(("layers.*.moe",), num_chunks=N)))`` with ``capture_scalar_outputs=True`` (how
 torchtitan's ``apply_compile`` users compile MoE), the tokens marked ``hint=N``, ``hint=None``
-or not at all. Each must refuse at compile time with a ``ChunkError`` naming the route that
-works (it used to compile and fail at run time), or train like eager EP.
+or not at all. ``hint=N`` trains like eager EP, every chunk exchanging its own tokens; the
+other two refuse at compile time with a ``ChunkError`` naming the route that works (``hint=None``
+used to compile and then fail at run time, as ``hint=N`` did before the per-chunk symbols
+followed AOTAutograd's renamings).
 
 ``run_routes(cases)`` spawns ``REAL_EP_WORLD`` gloo ranks and returns, per case, what happened
 on the worst rank: ``{"model", "marks", "num_chunks", "outcome", "stage", "error"}`` with
 outcome ``"refused"`` (a ChunkError while compiling: Dynamo, AOTAutograd and the chunk pass
-ran, nothing executed), ``"ok"`` (2 SGD steps, ``loss_rel`` / ``grad_rel`` against eager EP)
-or ``"failed"`` (anything else: the case the test forbids).
+ran, nothing executed), ``"ok"`` (2 SGD steps, ``loss_rel`` / ``grad_rel`` against eager EP,
+the worst rank's; ``all_to_all_fw`` / ``all_to_all_bw``: ``all_to_all_single`` in the
+partitioned graphs handed to Inductor; ``moe_layers``; ``region_all_to_alls`` per chunked
+region; ``schedule``: per region with exchanges ``[backward, exchanges_paired, exposed_before,
+exposed_after, reason]``; ``seconds``: compile + 2 steps) or ``"failed"`` (anything else: the
+case the test forbids).
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from zoo.ep import EP_BATCH, PATTERN, REAL_EP_WORLD
+from zoo.ep import EP_BATCH, PATTERN, REAL_EP_WORLD, _count_a2a, _moe_layers
 
 __all__ = ["run_route_case", "run_routes"]
 
@@ -65,6 +72,7 @@ def run_route_case(model: str, marks: str, num_chunks: int) -> dict[str, Any]:
                 mark_chunk_dim(t, 0, hint=None if marks == "static" else t.shape[0])
         backend = autoparallel_backend(ep_chunk=ChunkConfig((PATTERN,), num_chunks=num_chunks))
         stage = "compiled (no precompile)"
+        start = time.perf_counter()
         with (
             torch._dynamo.config.patch(capture_scalar_outputs=True),
             annotate_module_fqns(zm.module),
@@ -72,8 +80,18 @@ def run_route_case(model: str, marks: str, num_chunks: int) -> dict[str, Any]:
             losses, grads = _train(torch.compile(step, backend=backend), params, batches)
         row.update(
             outcome="ok",
+            seconds=time.perf_counter() - start,
             loss_rel=_loss_rel(losses, ref_losses),
             grad_rel=_grads_rel(grads, ref_grads)[0],
+            moe_layers=_moe_layers(zm.module),
+            all_to_all_fw=_count_a2a(backend, backward=False),
+            all_to_all_bw=_count_a2a(backend, backward=True),
+            region_all_to_alls=[r.all_to_alls for r in backend.chunk_reports[-1].regions],
+            schedule=[
+                [r.backward, r.exchanges_paired, r.exposed_before, r.exposed_after, r.reason]
+                for report in backend.schedule_reports
+                for r in report.regions
+            ],
         )
     except Exception as exc:  # noqa: BLE001 - every outcome is recorded
         # the chunk pass runs on the joint graph before any compiled code: a ChunkError
@@ -105,7 +123,8 @@ def run_routes(
     cases: list[tuple[str, str, int]], *, world: int = REAL_EP_WORLD, port: int = 29650
 ) -> list[dict[str, Any]]:
     """Spawn the ranks, run ``cases`` (model, marks, num_chunks) on each, and keep per case
-    the worst rank's row (failed over refused over ok)."""
+    the worst rank's row (failed over refused over ok; between ok rows the larger loss and
+    gradient errors)."""
     import torch.multiprocessing as mp
 
     root = str(Path(__file__).resolve().parent.parent)
@@ -121,4 +140,11 @@ def run_routes(
         if added:
             sys.path.remove(root)
     order = {"failed": 0, "refused": 1, "ok": 2}
-    return [min(rows, key=lambda r: order[r["outcome"]]) for rows in zip(*per_rank, strict=True)]
+    merged = []
+    for rows in zip(*per_rank, strict=True):
+        row = dict(min(rows, key=lambda r: order[r["outcome"]]))
+        if all(r["outcome"] == "ok" for r in rows):
+            row["loss_rel"] = max(r["loss_rel"] for r in rows)
+            row["grad_rel"] = max(r["grad_rel"] for r in rows)
+        merged.append(row)
+    return merged

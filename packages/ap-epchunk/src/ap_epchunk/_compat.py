@@ -215,6 +215,32 @@ def shape_env_of(value: Any) -> ShapeEnv | None:
     return None
 
 
+def unbacked_bindings(node: torch.fx.Node) -> dict[Any, Any]:
+    """``node``'s ``meta["unbacked_bindings"]`` as ``{symbol: (raw symbol, path)}``, keyed by
+    the symbol its value mentions: the raw key through the ShapeEnv's ``unbacked_renamings``.
+
+    Why: AOTAutograd retraces a graph Dynamo already traced, and each data-dependent op binds a
+    fresh symbol there (``u26``) that torch renames to Dynamo's (``u1``) in the values while
+    the binding keeps the raw name (what ``torch.fx.experimental.symbolic_shapes.
+    resolve_unbacked_bindings`` resolves). A joint graph from ``make_fx`` has no renamings."""
+    bindings = node.meta.get("unbacked_bindings")
+    if not isinstance(bindings, dict) or not bindings:
+        return {}
+    env = shape_env_of(node.meta.get("val"))
+    renamings = getattr(env, "unbacked_renamings", None) if env is not None else None
+    out: dict[Any, Any] = {}
+    for raw, path in bindings.items():
+        sym = raw
+        seen = {sym}
+        while isinstance(renamings, dict) and sym in renamings:  # a chain u40 -> u26 -> u1
+            sym = renamings[sym]
+            if sym in seen:
+                break
+            seen.add(sym)
+        out[sym] = (raw, path)
+    return out
+
+
 def fake_from_meta(value: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     """``meta`` (a meta-device tensor) as a tensor of ``value``'s kind: a fake tensor of
     ``value``'s fake mode and device, or ``meta`` itself when ``value`` is not fake.

@@ -56,7 +56,7 @@ def _chunk_pass(gm: torch.fx.GraphModule, config: ChunkConfig) -> ChunkReport:
         )
     shapes = build_shapes(work, config.num_chunks, config.chunk_inputs, config.dim)
     plan = make_plan(regions, shapes, config.early_grad_accumulation)
-    check_route(work, plan)
+    check_route(work, plan, shapes.mode)
     report = ChunkReport(num_chunks=config.num_chunks, mode=shapes.mode)
     report.chunk_symbols = {str(s): h for s, h in shapes.symbol_hints().items()}
     Rewriter(work, plan, shapes, fqns, report).run()

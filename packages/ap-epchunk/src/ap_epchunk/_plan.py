@@ -31,7 +31,7 @@ from ap_tags.graph import is_collective, is_getitem, is_reduce_scatter, is_wait
 
 from ._body_checks import check_body_node, unknown_refusal
 from ._chunk_dims import MULTI, ChunkShapes, Unknown
-from ._compat import all_reduce_op
+from ._compat import all_reduce_op, unbacked_bindings
 from ._errors import ChunkError, source_of
 from ._plan_types import Materialize, Plan, RegionPlan
 from ._region_collectives import check_collectives
@@ -203,9 +203,8 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
             body.add(node)
             rp.body.append(node)
             plan.owner[node] = rp
-            bindings = node.meta.get("unbacked_bindings")
-            if isinstance(bindings, dict):
-                plan.body_unbacked.update(bindings)
+            # the symbols the values mention (a binding of a retraced graph is renamed)
+            plan.body_unbacked.update(unbacked_bindings(node))
     for node in rp.body:
         shared = [
             i

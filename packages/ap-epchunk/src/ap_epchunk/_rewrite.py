@@ -27,7 +27,14 @@ from ap_tags import (
 from ap_tags.graph import is_collective, is_wait
 
 from ._chunk_dims import ChunkShapes
-from ._compat import fresh_unbacked_like, materialize_symints, shape_env_of, tree_leaves, tree_map
+from ._compat import (
+    fresh_unbacked_like,
+    materialize_symints,
+    shape_env_of,
+    tree_leaves,
+    tree_map,
+    unbacked_bindings,
+)
 from ._config import ChunkReport, RegionSummary
 from ._plan import is_dead_getitem, is_mutating
 from ._plan_types import Materialize, Plan, RegionPlan
@@ -142,18 +149,18 @@ class Rewriter:
     def _make_fresh_symbols(self) -> None:
         for rp in self.plan.regions:
             for node in rp.body:
-                bindings = node.meta.get("unbacked_bindings")
-                if not isinstance(bindings, dict):
-                    continue
+                bindings = unbacked_bindings(node)
                 env = shape_env_of(node.meta.get("val"))
-                if env is None:
+                if not bindings or env is None:
                     continue
                 # every chunk, the first included: the traced symbols keep the full graph's
                 # facts (the ShapeEnv's deferred runtime asserts, e.g. an exchange's split
-                # sizes summing to the full token count), which no chunk satisfies
+                # sizes summing to the full token count), which no chunk satisfies. Keyed by
+                # the symbol the values mention and by the binding's raw key, which differ on
+                # a graph AOTAutograd retraced from Dynamo's (``u26`` renamed to ``u1``)
                 for i in range(self.n):
-                    for sym in bindings:
-                        self.fresh[i][sym] = fresh_unbacked_like(env, sym)
+                    for sym, (raw, _) in bindings.items():
+                        self.fresh[i][sym] = self.fresh[i][raw] = fresh_unbacked_like(env, sym)
         self.fresh_symbols = frozenset(s for chunk in self.fresh for s in chunk)
 
     # ------------------------------------------------------------------ live-ins
