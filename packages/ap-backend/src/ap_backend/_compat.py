@@ -233,16 +233,6 @@ def min_cut_partition() -> Callable[..., Any]:
     return fn
 
 
-def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Inductor's decomposition table (``torch._inductor.decomposition.select_decomp_table``):
-    the ops Inductor's own min-cut partitions over, so a min-cut first partition traced with it
-    sees the graph the backend's Inductor compile would partition."""
-    fn: Callable[[], dict[Any, Callable[..., Any]]] = SUPPORT.attr(
-        "torch._inductor.decomposition", "select_decomp_table"
-    )
-    return fn()
-
-
 # --------------------------------------------------------------------------- structured trace
 
 
