@@ -186,3 +186,28 @@ def test_reduce_scatter_waits_with_alias_users_are_bucketed(fake_pg: str, mode: 
     outs = gm.graph.output_node().args[0]
     aliases = [a for a in outs if a.target is torch.ops.aten.alias.default]  # type: ignore[union-attr]
     assert len(aliases) == 4 and len({a.args[0] for a in aliases}) == 4
+
+
+@pytest.mark.parametrize("mode", ["default", "custom_ops"])
+def test_a_reduce_scatter_with_two_waits_is_bucketed(fake_pg: str, mode: str) -> None:
+    """CSE merges two identical reduce-scatters into one node that keeps both waits (timm's
+    ResNet-10t with Inductor's decompositions: two BatchNorm bias gradients summed from one
+    tensor). torch's bucketers assert one user per collective; the pass merges the later wait
+    into the first, so both gradients read the one bucketed member."""
+    gm = backward_like_graph(4, fake_pg, regather=False)
+    wait = _c10d.wait_tensor.default
+    output = gm.graph.output_node()
+    first = next(a for a in output.args[0] if a.target is wait)  # type: ignore[union-attr]
+    with gm.graph.inserting_after(first):
+        twin = gm.graph.call_function(wait, first.args)
+    twin.meta["val"] = first.meta["val"]
+    output.args = ((*output.args[0], twin),)  # type: ignore[misc]
+    gm.recompile()
+    config = BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0, bucket_mode=mode)
+    bucketing_pass = OverlapBucketingPass(config, cpu=True, reorder=True)
+    bucketing_pass(gm.graph)
+    gm.graph.lint()
+    assert bucketing_pass.reports[-1]["duplicate_waits_merged"] == [twin.name]
+    assert _count(gm, _c10d.reduce_scatter_tensor.default) == 1
+    outs = gm.graph.output_node().args[0]
+    assert outs[0] is outs[-1]  # type: ignore[index]  # the two gradients: one value

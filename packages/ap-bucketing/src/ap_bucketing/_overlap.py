@@ -39,6 +39,7 @@ from ._replicate import (
 from ._rollback import checkpoint, restore, unsortable_nodes
 from ._sizes import collective_bytes, hint_int
 from ._source import package_source_hash
+from ._waits import merge_duplicate_waits
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         before = max_consec_compute_between_rs(graph)
         counts_before = collective_counts(graph)
         saved = checkpoint(graph)
+        merged_waits = merge_duplicate_waits(graph)  # torch's bucketers assume one per collective
         skipped: str | None = None
         try:
             moved, replicate_merged = self._bucket_and_schedule(gm)
@@ -192,6 +194,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 "replicate_all_reduces_merged": replicate_merged,
                 "skipped": skipped,
                 "collectives": counts,
+                "duplicate_waits_merged": merged_waits,
             }
         )
         log.info(
