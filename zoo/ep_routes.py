@@ -220,7 +220,13 @@ def _build(case: Case) -> _Built:
             input_names=zm.input_names,
         )
         built = _Built(
-            zm.module, step, [], [b[:n] for b in batches], [b[n:] for b in batches], zm.loss_fn, None
+            zm.module,
+            step,
+            [],
+            [b[:n] for b in batches],
+            [b[n:] for b in batches],
+            zm.loss_fn,
+            None,
         )
     assert isinstance(step, FsdpTrainStep)
     built.params = _shard_params(step)
@@ -289,9 +295,7 @@ def _joint_input_names(fn: Any, batch: Sequence[torch.Tensor]) -> tuple[str, ...
                     found.append(p.name)
             raise _Found
 
-        return aot_autograd(fw_compiler=lambda g, _: g, partition_fn=partition)(
-            gm, example_inputs
-        )
+        return aot_autograd(fw_compiler=lambda g, _: g, partition_fn=partition)(gm, example_inputs)
 
     torch._dynamo.reset()
     try:
@@ -382,6 +386,11 @@ def run_case(case: Case) -> dict[str, Any]:
             all_to_all_bw=_count_a2a(backend, backward=True),
             chunked_regions=len(regions),
             region_all_to_alls=[r.all_to_alls for r in regions],
+            schedule=[
+                [r.backward, r.exchanges_paired, r.exposed_before, r.exposed_after, r.reason]
+                for report in backend.schedule_reports
+                for r in report.regions
+            ],
         )
         if not (loss_rel <= LOSS_RTOL and grad_rel <= GRAD_RTOL):
             row.update(outcome="failed", stage="numerics")
@@ -506,9 +515,7 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---:|---|---|---|---:|---|",
     ]
     for r in rows:
-        rel = (
-            f"{r['loss_rel']:.1e} / {r['grad_rel']:.1e}" if r.get("loss_rel") is not None else "-"
-        )
+        rel = f"{r['loss_rel']:.1e} / {r['grad_rel']:.1e}" if r.get("loss_rel") is not None else "-"
         a2a = f"{r['all_to_all_fw']} / {r['all_to_all_bw']}" if "all_to_all_fw" in r else "-"
         err = ""
         if r["outcome"] != "ok" or r.get("error"):
