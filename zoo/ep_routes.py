@@ -534,17 +534,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.ep_routes", description=__doc__)
     parser.add_argument("--cases", choices=("all", "sample", "default"), default="sample")
     parser.add_argument("--models", default="", help="comma-separated subset of the models")
+    parser.add_argument("--keys", default="", help="comma-separated Case.key substrings to keep")
     parser.add_argument("--json", default="", help="rows written here after every batch")
     parser.add_argument("--md", default="", help="the markdown table written here at the end")
     parser.add_argument("--batch", type=int, default=6, help="cases per 2-rank spawn")
     parser.add_argument("--resume", action="store_true", help="skip cases already in --json")
     parser.add_argument("--timeout", type=int, default=600, help="gloo timeout, seconds")
+    parser.add_argument("--port", type=int, default=29650, help="the ranks' MASTER_PORT")
     args = parser.parse_args(argv)
     cases = {"all": all_cases, "sample": pairwise_cases, "default": lambda: DEFAULT_CASES}[
         args.cases
     ]()
     if args.models:
         cases = [c for c in cases if c.model in args.models.split(",")]
+    if args.keys:
+        cases = [c for c in cases if any(k in c.key for k in args.keys.split(","))]
     rows: list[dict[str, Any]] = []
     if args.resume and args.json and Path(args.json).exists():
         rows = json.loads(Path(args.json).read_text())
@@ -553,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for i in range(0, len(cases), args.batch):
         batch = cases[i : i + args.batch]
-        for row in run_routes(batch, timeout_s=args.timeout):
+        for row in run_routes(batch, port=args.port, timeout_s=args.timeout):
             rows.append(row)
             brief = {k: row.get(k) for k in ("key", "outcome", "stage", "loss_rel", "grad_rel")}
             print(json.dumps(brief), flush=True)
