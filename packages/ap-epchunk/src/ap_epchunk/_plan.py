@@ -369,7 +369,9 @@ def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool
                     f"backward value without the chunk dim escapes region {rp.root!r} into values "
                     f"that carry tokens ({_name_list(full)}); only parameter-gradient partials "
                     f"(whose consumers never carry the chunk dim) can be summed"
-                    f"{_remedy(rp, shapes)}",
+                    f"{_remedy(rp, shapes)}; where the compiled callable returns an output "
+                    "and the loss is computed after it (a full-batch tangent), return the "
+                    "loss from the compiled callable instead",
                     node,
                 )
             kind = "sum"
