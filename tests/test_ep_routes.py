@@ -69,7 +69,7 @@ def _cases() -> list[Case | tuple[str, str, int]]:
 def all_rows() -> list[dict[str, Any]]:
     from zoo.ep_routes import run_routes
 
-    return run_routes(_cases())
+    return run_routes(_cases(), port=29655)  # not the CLI's default port
 
 
 @pytest.fixture(scope="module")
