@@ -321,6 +321,25 @@ def _is_linear_in_chunk_symbol(val: Any, hints: dict[sympy.Symbol, int]) -> bool
     return bool(expr.subs(s, 0) == 0 and sympy.diff(expr, s).is_number)
 
 
+def _remedy(rp: RegionPlan, shapes: ChunkShapes) -> str:
+    """The fix a live-out refusal names: with static sizes (``hint=None`` marks or
+    ``ChunkConfig.chunk_inputs`` names) a value whose token dim hides behind a data-dependent
+    size (an expert-parallel exchange's received rows) is not told apart from a parameter
+    gradient, which hinted marks tell; in any mode, leaving the region unchunked."""
+    hinted = (
+        " With static token sizes the token dim of a value behind a data-dependent size (the "
+        "rows an expert-parallel exchange received) cannot be followed: mark the token inputs "
+        "with their extent as hint instead, ap_epchunk.mark_chunk_dim(t, 0, hint=t.shape[0]), "
+        "before the first compiled call (no ChunkConfig.chunk_inputs);"
+        if shapes.mode == "static"
+        else ""
+    )
+    return (
+        f".{hinted} or leave {rp.root!r} unchunked (ChunkConfig(module_patterns=...) without "
+        "it, or num_chunks=1: ep_chunk=None)"
+    )
+
+
 def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool) -> None:
     for node in rp.body:
         users = semantic_users(node)
@@ -342,14 +361,17 @@ def _plan_live_outs(rp: RegionPlan, plan: Plan, shapes: ChunkShapes, early: bool
                 raise ChunkError(
                     f"value without the chunk dim escapes region {rp.root!r} to full users "
                     f"({_name_list(full)}); only backward parameter-gradient partials can be "
-                    "summed, forward values must carry the chunk dim",
+                    f"summed, forward values must carry the chunk dim{_remedy(rp, shapes)}",
                     node,
                 )
             if _feeds_token_values(node, plan, shapes):
                 raise ChunkError(
                     f"backward value without the chunk dim escapes region {rp.root!r} into values "
                     f"that carry tokens ({_name_list(full)}); only parameter-gradient partials "
-                    "(whose consumers never carry the chunk dim) can be summed",
+                    f"(whose consumers never carry the chunk dim) can be summed"
+                    f"{_remedy(rp, shapes)}; where the compiled callable returns an output "
+                    "and the loss is computed after it (a full-batch tangent), return the "
+                    "loss from the compiled callable instead",
                     node,
                 )
             kind = "sum"
