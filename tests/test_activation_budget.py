@@ -180,6 +180,7 @@ def test_the_backend_refuses_bad_budget_options_by_name(
 
 @pytest.mark.slow
 @pytest.mark.multirank
+@pytest.mark.heavy  # ~2.5 min on 2 cores; the one-process budget sweep runs by default
 def test_budgets_at_two_ranks_fit_and_train_like_eager(
     run_zoo: Callable[[str, str, int], list[dict[str, Any]]],
 ) -> None:

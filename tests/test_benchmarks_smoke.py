@@ -1,7 +1,7 @@
 """Smoke test of the benchmark suite: ``--quick`` runs sections end to end and writes JSON with
 their data. Timings are not asserted (they belong to the suite, not to tests). The default run
-takes the eight cheap sections; ``uv run pytest -m heavy`` runs all ten (the e2e and kernels
-sections add ~5 minutes on 2 cores)."""
+takes the five cheap sections; ``uv run pytest -m heavy`` runs all ten (~10 minutes on 2
+cores)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ SECTIONS = (
 )
 
 
-#: Sections whose ``--quick`` run is minutes on 2 cores (five fresh compiles on two gloo
-#: ranks; four codegen compiles of the model kit that ``tests/test_kernel_counts.py`` also
-#: makes): only the ``heavy`` test runs them.
-HEAVY = ("e2e", "kernels")
+#: Sections whose ``--quick`` run is minutes on 2 cores (five fresh compiles on two gloo ranks;
+#: four codegen compiles of the model kit; the zoo's real models; the partitioner's timing
+#: loops; the 8B projection's exact partitions): only the ``heavy`` test runs them.
+HEAVY = ("e2e", "kernels", "real_models", "partitioner", "projection")
 CHEAP = tuple(name for name in SECTIONS if name not in HEAVY)
 
 
@@ -64,25 +64,29 @@ def _quick_run(tmp_path: Path, sections: tuple[str, ...]) -> tuple[dict[str, Any
 def test_quick_run_writes_the_cheap_sections(tmp_path: Path) -> None:
     sections, _, plots = _quick_run(tmp_path, CHEAP)
     assert sections["memory"]["rows"] and sections["memory"]["rows"][0]["partitions"]["first"]
-    assert sections["partitioner"]["timing"] and sections["partitioner"]["memory"]
     assert sections["bucketing"]["rows"]
     assert sections["chunking"]["rows"]
     _check_gpu_rows(sections["gpu"])
+    assert sorted(p.name for p in plots.glob("*.png")) == [
+        "bucketing_time.png",
+        "chunking_time.png",
+    ]
+
+
+@pytest.mark.heavy
+def test_quick_run_writes_every_section(tmp_path: Path) -> None:
+    sections, _, plots = _quick_run(tmp_path, SECTIONS)
+    assert sections["partitioner"]["timing"] and sections["partitioner"]["memory"]
+    assert {row["name"] for row in sections["e2e"]["rows"]} >= {"eager", "stock Inductor"}
     real = sections["real_models"]["rows"][0]["partitions"]
     assert real["replay_min_cut"]["runtime_bytes"] == real["replay_min_cut"]["bytes"]  # 2 measures
+    assert sections["kernels"] and sections["projection"]
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "bucketing_time.png",
         "chunking_time.png",
         "partitioner_time.png",
         "real_models_saved.png",
     ]
-
-
-@pytest.mark.heavy
-def test_quick_run_writes_every_section(tmp_path: Path) -> None:
-    sections, _, _ = _quick_run(tmp_path, SECTIONS)
-    assert {row["name"] for row in sections["e2e"]["rows"]} >= {"eager", "stock Inductor"}
-    assert sections["kernels"]
 
 
 def _check_gpu_rows(result: dict[str, Any]) -> None:

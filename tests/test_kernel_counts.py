@@ -55,6 +55,7 @@ def _full(model: Transformer, batch: tuple[Any, ...]) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # four codegen compiles of the model kit: ~2.5 min on 2 cores
 def test_default_and_full_configurations_generate_no_more_kernels_than_plain() -> None:
     counts = {
         name: _kernels(fn)
