@@ -122,14 +122,14 @@ def test_demo_subprocess_table_agrees_with_json(tmp_path: Path) -> None:
 
 
 def test_json_directory_is_checked_before_any_rank_starts(tmp_path: Path) -> None:
-    start = time.monotonic()
     out = _cli("demo", "--json", "/nonexistent/dir/x.json")
     assert out.returncode == 2
     assert out.stderr == (
         "ap-backend: error: argument --json: directory '/nonexistent/dir' does not exist\n"
     )
-    assert "spawning" not in out.stdout
-    assert time.monotonic() - start < 30  # it used to run the whole demo (55 s) first
+    # it used to run the whole demo first: nothing is printed before the error (no progress
+    # line, no table). Not a time bound: importing torch alone takes 20 s on a loaded machine
+    assert out.stdout == ""
     out = _cli("demo", "--json", str(tmp_path))
     assert out.returncode == 2 and "is a directory" in out.stderr
 
