@@ -21,10 +21,9 @@ axis); ``-m heavy`` runs the pairwise sample (``pairwise_cases()``: every pair o
 every two axes, 12 cases) in a spawn of its own; ``python -m zoo.ep_routes --cases all`` the
 whole product (``zoo/RESULTS-ep-routes.md``).
 
-One 2-rank spawn runs every default case (Qwen3-MoE, N=2: 169 s at load ~4 on the 2-core
-machine before the matrix cases; with them 365 s at load 8-10, 2026-11-26: the two
-matrix cases took 98 s and 110 s in a CLI run at load 6.4, over the ~60-90 s budget); ``AP_EP_ROUTES_CASES=all`` adds DeepSeek-V3 and N=4 on the
-hinted route (302 s).
+One 2-rank spawn runs every default case: 353 s in a fresh-clone CI run at load 4-5 on the
+2-core machine (2026-11-26; 169 s before the two matrix cases). ``AP_EP_ROUTES_CASES=all`` adds
+DeepSeek-V3 and N=4 on the hinted route (302 s).
 """
 
 from __future__ import annotations
