@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import pytest
 from ap_backend.cli import _parser
@@ -73,3 +74,25 @@ def test_a_rank_quiets_itself_only_when_the_demo_asked(monkeypatch: pytest.Monke
 def test_verbose_is_a_demo_option_off_by_default() -> None:
     assert _parser().parse_args(["demo"]).verbose is False
     assert _parser().parse_args(["demo", "--verbose"]).verbose is True
+
+
+def _warns(message: str) -> bool:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.warn(message, UserWarning, stacklevel=1)
+    return bool(seen)
+
+
+def test_torch_2_11_process_group_warnings_are_dropped_and_come_back() -> None:
+    """torch 2.11/2.12's comm_analysis warns on every gloo compile in every rank."""
+    pg = "`_get_pg_default_device` will be deprecated, it only stays for backward-compatibility"
+    multiple = "Multiple backends are registered with this ProcessGroup. We cannot determine"
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert _warns(pg) and _warns(multiple) and _warns("another UserWarning")
+        undo = quiet_torch_logs()
+        try:
+            assert not _warns(pg) and not _warns(multiple)
+            assert _warns("another UserWarning")
+        finally:
+            undo()
+        assert _warns(pg) and _warns(multiple)

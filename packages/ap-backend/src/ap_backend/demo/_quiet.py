@@ -8,7 +8,11 @@ into the demo's table. Two kinds are dropped, each by a filter on the one logger
   INFO, so ``pre_bucket_fsdp_collectives: fsdp_groups=...`` reaches torch's handler on every
   compile);
 * ``torch.utils.cpp_extension``'s "No CUDA runtime is found" warning (a CPU run on a machine
-  with a CUDA toolkit installed), that message only.
+  with a CUDA toolkit installed), that message only;
+* torch 2.11/2.12's ``UserWarning`` from ``torch._inductor.comm_analysis`` on a gloo group
+  ("``_get_pg_default_device`` will be deprecated", "Multiple backends are registered with
+  this ProcessGroup"), those messages only (a ``warnings`` filter; the old filter list comes
+  back on undo).
 
 :data:`QUIET_DEMO_LOGS` applies them in the demo's process and, through the environment
 variable :data:`QUIET_ENV`, in the ranks it spawns (``spawn_ranks`` calls
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable
 
 from ap_tags.scoped import ScopedPatch
@@ -33,6 +38,11 @@ QUIET_ENV = "AP_BACKEND_DEMO_QUIET_TORCH_LOGS"
 _FSDP_LOGGER = _compat.FSDP_PASS_LOGGER
 _CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
 _NO_CUDA = "No CUDA runtime is found"
+#: torch 2.11/2.12's comm_analysis warnings on a gloo group (``re.match`` patterns).
+_PG_DEVICE_WARNINGS = (
+    r"`_get_pg_default_device` will be deprecated",
+    r"Multiple backends are registered with this ProcessGroup",
+)
 
 
 class _BelowWarning(logging.Filter):
@@ -46,17 +56,22 @@ class _NoCudaRuntime(logging.Filter):
 
 
 def quiet_torch_logs() -> Callable[[], None]:
-    """Install the two filters; returns the function that removes them."""
+    """Install the filters; returns the function that removes them."""
     installed = [
         (logging.getLogger(_FSDP_LOGGER), _BelowWarning()),
         (logging.getLogger(_CPP_EXTENSION_LOGGER), _NoCudaRuntime()),
     ]
     for logger, flt in installed:
         logger.addFilter(flt)
+    scope = warnings.catch_warnings()  # restores the filter list when it exits
+    scope.__enter__()
+    for message in _PG_DEVICE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
     def undo() -> None:
         for logger, flt in installed:
             logger.removeFilter(flt)
+        scope.__exit__(None, None, None)
 
     return undo
 
