@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 
+import pytest
 import torch
 from ap_tags import (
     CUSTOM,
@@ -130,3 +131,22 @@ def test_forward_graph_is_not_marked_backward() -> None:
     assert mark_backward_graph(gm) == 0
     preserve_meta_compiler(tag_forward=True, num_fwd_outputs=2)(gm, [])
     assert not any(node.meta.get("autograd_backward") for node in n.values())
+
+
+def test_on_a_tracer_without_the_mark_recomputed_ops_are_retagged_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.11's tracer copies ``partitioner_tag`` only: the recomputed forward ops must
+    carry the backward tag there, or the second compile retraces them as forward nodes."""
+    import ap_tags._recomputed as recomputed
+
+    monkeypatch.setattr(recomputed, "tracer_copies_autograd_backward", lambda: False)
+    gm, n, _ = _graphs()
+    _as_torch_2_12_extracts(gm)
+    preserve_meta_compiler()(gm, [])
+    for name in ("sdpa", "out", "gather", "mul"):
+        assert n[name].meta["partitioner_tag"] == "is_backward", name
+    monkeypatch.setattr(recomputed, "tracer_copies_autograd_backward", lambda: True)
+    gm, n, _ = _graphs()
+    preserve_meta_compiler()(gm, [])
+    assert n["sdpa"].meta["partitioner_tag"] == "is_forward"  # 2.12+: the mark is enough

@@ -37,6 +37,13 @@ def require_fx_traceback(*names: str) -> None:
 
 
 @functools.cache
+def tracer_copies_autograd_backward() -> bool:
+    """Does the FX tracer copy ``autograd_backward`` from the node being interpreted onto the
+    nodes it creates (``torch.fx.proxy``, torch 2.12+, with ``traceback._mark_autograd_backward``)?
+    torch 2.11 copies ``partitioner_tag`` but not that mark."""
+    return hasattr(torch.fx.traceback, "_mark_autograd_backward")
+
+
 def op_overload_type() -> type:
     """``torch._ops.OpOverload``: the type of an ATen/custom op target in an FX graph."""
     op_type: type = SUPPORT.attr("torch._ops", "OpOverload")

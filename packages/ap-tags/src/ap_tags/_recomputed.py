@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.fx
 
-from ._compat import checkpoint_policy
+from ._compat import checkpoint_policy, tracer_copies_autograd_backward
 from ._keys import CUSTOM, MUST_SAVE, MUST_SAVE_INDICES, RECOMPUTE
 from .checks import require_graph_module
 from .graph import is_backward_node
@@ -35,6 +35,8 @@ _FORWARD_TAGS = ("is_forward", "must_be_in_forward")
 
 #: The node-meta key torch's backward extraction and tracer use for backward nodes.
 _BACKWARD = "autograd_backward"
+#: AOTAutograd's backward ``partitioner_tag`` (``ap_tags.graph.BACKWARD_PARTITIONER_TAGS``).
+_RETAGGED = "is_backward"
 
 
 def is_backward_graph(gm: torch.fx.GraphModule) -> bool:
@@ -66,14 +68,22 @@ def mark_backward_graph(bw_gm: torch.fx.GraphModule) -> int:
     not set it, so the forward ops the first partition recomputed in its backward (they keep
     ``partitioner_tag="is_forward"``) were retraced as *forward* nodes: the save-all replay then
     saved their outputs, and the forward ran SDPA twice (ap-partitioner's SDPA replay test,
-    10 saves where the first partition kept 8). Idempotent, so it runs on every torch.
-    A graph that is not a backward graph is left alone.
+    10 saves where the first partition kept 8). torch 2.11's tracer copies ``partitioner_tag``
+    but not this mark, so there the recomputed forward ops' ``partitioner_tag`` becomes
+    ``is_backward`` too (the demo with AC on 2.11: SaveAll saved 30 where the first partition
+    kept 27). Idempotent, so it runs on every torch. A graph that is not a backward graph is
+    left alone.
     """
     require_graph_module(bw_gm, where="mark_backward_graph", arg="bw_gm")
     if not is_backward_graph(bw_gm):
         return 0
+    # torch 2.11's tracer does not copy the mark; it copies ``partitioner_tag``, so there the
+    # recomputed forward ops are retagged backward (the decision is made: they run there)
+    retag = not tracer_copies_autograd_backward()
     marked = 0
     for node in bw_gm.graph.nodes:
+        if retag and is_recomputed_forward_op(node):
+            node.meta["partitioner_tag"] = _RETAGGED
         if node.op in ("call_function", "get_attr") and node.meta.get(_BACKWARD) is not True:
             node.meta[_BACKWARD] = True
             marked += 1
