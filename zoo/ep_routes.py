@@ -239,9 +239,7 @@ def _train(
 ) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     """2 SGD steps, ``stage[0]`` naming where it is (the first call compiles the forward, the
     first backward the backward)."""
-    from torch.distributed.tensor import DTensor
-
-    from zoo.run import LR
+    from zoo.run import sgd_step
 
     losses: list[float] = []
     grads: list[dict[str, torch.Tensor]] = []
@@ -252,16 +250,7 @@ def _train(
         stage[0] = f"step {i + 1} backward"
         loss.backward()  # type: ignore[no-untyped-call]
         losses.append(float(loss.detach()))
-        step_grads: dict[str, torch.Tensor] = {}
-        with torch.no_grad():
-            for name, p in built.params:
-                if p.grad is not None:
-                    g = p.grad.detach()
-                    g = g.to_local() if isinstance(g, DTensor) else g
-                    step_grads[name] = g.clone()
-                    p.sub_(LR * p.grad)
-                    p.grad = None
-        grads.append(step_grads)
+        grads.append(sgd_step(built.params))
     return losses, grads
 
 

@@ -137,18 +137,23 @@ def _train(
         if step == 0 and on_first_step is not None:
             on_first_step(time.perf_counter() - start)
         losses.append(float(loss.detach()))
-        step_grads: dict[str, torch.Tensor] = {}
-        with torch.no_grad():
-            for name, p in params:
-                if p.grad is not None:
-                    grad = p.grad.detach()
-                    # an expert-parallel DTensor: compare this rank's experts
-                    grad = grad.to_local() if isinstance(grad, DTensor) else grad
-                    step_grads[name] = grad.clone()
-                    p.sub_(LR * p.grad)
-                    p.grad = None
-        grads.append(step_grads)
+        grads.append(sgd_step(params))
     return losses, grads
+
+
+def sgd_step(params: Sequence[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One plain SGD update (``LR``) of ``params``; returns each parameter's gradient (this
+    rank's local part of a DTensor: an expert-parallel rank's own experts), cleared after."""
+    step_grads: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, p in params:
+            if p.grad is not None:
+                grad = p.grad.detach()
+                grad = grad.to_local() if isinstance(grad, DTensor) else grad
+                step_grads[name] = grad.clone()
+                p.sub_(LR * p.grad)
+                p.grad = None
+    return step_grads
 
 
 class _State:
