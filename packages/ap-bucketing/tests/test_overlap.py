@@ -211,3 +211,87 @@ def test_a_reduce_scatter_with_two_waits_is_bucketed(fake_pg: str, mode: str) ->
     assert _count(gm, _c10d.reduce_scatter_tensor.default) == 1
     outs = gm.graph.output_node().args[0]
     assert outs[0] is outs[-1]  # type: ignore[index]  # the two gradients: one value
+
+
+def _transposed_copy(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
+    """``t(clone(t(node)))``: the same values as ``node`` with transposed (non-contiguous)
+    strides, as a convolution's or a ``mm(a.t(), b).t()`` weight gradient has."""
+    g = gm.graph
+    val = node.meta["val"]
+    with g.inserting_after(node):
+        t1 = g.call_function(torch.ops.aten.t.default, (node,))
+    t1.meta["val"] = val.t()
+    with g.inserting_after(t1):
+        copy = g.call_function(
+            torch.ops.aten.clone.default, (t1,), {"memory_format": torch.contiguous_format}
+        )
+    copy.meta["val"] = val.t().contiguous()
+    with g.inserting_after(copy):
+        t2 = g.call_function(torch.ops.aten.t.default, (copy,))
+    t2.meta["val"] = copy.meta["val"].t()
+    return t2
+
+
+@pytest.mark.parametrize("mode", ["default", "custom_ops"])
+def test_a_non_contiguous_reduce_scatter_input_gets_a_contiguous_copy_where_torch_packs_by_view(
+    fake_pg: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.11/2.12 pack a bucketed reduce-scatter's members with ``x.view(group_size, -1)``,
+    which raises at run time on a non-contiguous gradient (timm's ResNet-10t on 2.11: "view size
+    is not compatible with input tensor's size and stride"). Where torch packs that way, the
+    pass gives such a member a contiguous copy first; the probe is forced here so the rule runs
+    on every torch (on 2.13+ it is a no-op)."""
+    import ap_bucketing._compat as compat
+
+    monkeypatch.setattr(compat, "_VIEW_PACKING", True)
+    gm = backward_like_graph(4, fake_pg, regather=False)
+    rs_op = _c10d.reduce_scatter_tensor.default
+    first = gm.graph.find_nodes(op="call_function", target=rs_op)[0]
+    strided = _transposed_copy(gm, first.args[0])  # type: ignore[arg-type]
+    first.replace_input_with(first.args[0], strided)  # type: ignore[arg-type]
+    gm.recompile()
+    assert not strided.meta["val"].is_contiguous()
+    config = BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0, bucket_mode=mode)
+    bucketing_pass = OverlapBucketingPass(config, cpu=True, reorder=True)
+    bucketing_pass(gm.graph)
+    gm.graph.lint()
+    assert bucketing_pass.reports[-1]["contiguous_inputs"] == [first.name]
+    assert _count(gm, rs_op) == 1
+    # the strided value now reaches the bucket only through its contiguous copy
+    (reader,) = strided.users
+    assert reader.target is torch.ops.aten.clone.default
+    assert reader.kwargs["memory_format"] is torch.contiguous_format
+    assert reader.meta["val"].is_contiguous()
+
+
+def test_contiguous_inputs_leave_the_graph_alone_where_torch_packs_any_strides(
+    fake_pg: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ap_bucketing._compat as compat
+
+    monkeypatch.setattr(compat, "_VIEW_PACKING", False)
+    gm = backward_like_graph(2, fake_pg, regather=False)
+    first = gm.graph.find_nodes(op="call_function", target=_c10d.reduce_scatter_tensor.default)[0]
+    strided = _transposed_copy(gm, first.args[0])  # type: ignore[arg-type]
+    first.replace_input_with(first.args[0], strided)  # type: ignore[arg-type]
+    gm.recompile()
+    bucketing_pass = OverlapBucketingPass(
+        BucketingConfig(max_topo_span=None, bucket_cap_mb=1000.0), cpu=True, reorder=True
+    )
+    bucketing_pass(gm.graph)
+    assert bucketing_pass.reports[-1]["contiguous_inputs"] == []
+
+
+def test_the_packing_probe_matches_this_torch() -> None:
+    """The probe answers what this torch's reduce-scatter packing does with strides: it raises
+    on a transposed member exactly when the probe says copies are needed."""
+    import torch._inductor.fx_passes.bucketing  # noqa: F401  (registers torch.ops.bucketing)
+    from ap_bucketing._compat import bucket_packing_needs_contiguous_inputs
+
+    member = torch.arange(24.0).view(4, 6).t()  # (6, 4), not contiguous
+    try:
+        torch.ops.bucketing._pre_bucket_reduce_scatter([member], 3)
+        raised = False
+    except RuntimeError:
+        raised = True
+    assert bucket_packing_needs_contiguous_inputs() is raised

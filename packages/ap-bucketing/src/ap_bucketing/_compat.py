@@ -294,6 +294,33 @@ def _pre_bucket_fsdp_collectives_before_2_13(
         b.merge_all_reduce_bucket(gm.graph, bucket)
 
 
+_VIEW_PACKING: bool | None = None
+
+
+def bucket_packing_needs_contiguous_inputs() -> bool:
+    """Whether torch's bucketed reduce-scatter / all-reduce pack their inputs with ``view``
+    (torch 2.11/2.12: ``_pre_bucket_reduce_scatter`` does ``x.view(group_size, -1)``,
+    ``all_reduce_merge_fn_to_trace`` ``x.view(-1)``), which raises at run time on a
+    non-contiguous input. torch 2.13+ packs with ``_chunk_cat``, which takes any strides.
+
+    Decided by running the packing op once on a small transposed CPU tensor, not by version:
+    the behaviour is what matters, and it is cached."""
+    global _VIEW_PACKING
+    if _VIEW_PACKING is None:
+        module(BUCKETING_MODULE)  # registers torch.ops.bucketing
+        pack = getattr(getattr(torch.ops, "bucketing", None), "_pre_bucket_reduce_scatter", None)
+        if pack is None:
+            _VIEW_PACKING = False
+        else:
+            probe = torch.arange(8.0).view(2, 4).t()  # (4, 2), strides (1, 4)
+            try:
+                pack([probe], 2)
+                _VIEW_PACKING = False
+            except RuntimeError:
+                _VIEW_PACKING = True
+    return _VIEW_PACKING
+
+
 def c10d_ops(*names: str) -> tuple[Any, ...]:
     """The ``.default`` overloads of functional collectives (``torch.ops._c10d_functional``)."""
     found = []

@@ -28,6 +28,7 @@ import torch.fx as fx
 from . import _compat
 from ._checks import require_bool, require_instance, require_node
 from ._config import BucketingConfig, resolve_config
+from ._contiguous import contiguous_bucket_inputs
 from ._metrics import max_consec_compute_between_rs
 from ._out_writes import out_write_edges, restore_out_write_order
 from ._patching import only_groups, patched
@@ -169,6 +170,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         counts_before = collective_counts(graph)
         saved = checkpoint(graph)
         merged_waits = merge_duplicate_waits(graph)  # torch's bucketers assume one per collective
+        made_contiguous = contiguous_bucket_inputs(graph)  # torch 2.11/2.12 pack with view
         skipped: str | None = None
         try:
             moved, replicate_merged = self._bucket_and_schedule(gm)
@@ -195,6 +197,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 "skipped": skipped,
                 "collectives": counts,
                 "duplicate_waits_merged": merged_waits,
+                "contiguous_inputs": made_contiguous,
             }
         )
         log.info(
