@@ -133,6 +133,18 @@ def test_forward_graph_is_not_marked_backward() -> None:
     assert not any(node.meta.get("autograd_backward") for node in n.values())
 
 
+def test_forward_compiler_clears_the_backward_mark_of_nodes_min_cut_moved_forward() -> None:
+    """Min-cut moves a backward-origin node that reads only forward values into the forward
+    when its output is cheaper to save (relu's backward mask ``le(relu, 0)``); extraction
+    copies the joint node's ``autograd_backward``. The forward compiler clears it: the second
+    compilation's tracer copies the mark, and the replay took the saved mask for a backward
+    node and recomputed it (a cross-entropy head: 6 first-partition saves, 5 replayed)."""
+    gm, n, _ = _graphs(backward=False)
+    n["gather"].meta["autograd_backward"] = True  # a backward-origin node min-cut moved
+    preserve_meta_compiler(tag_forward=True, num_fwd_outputs=2)(gm, [])
+    assert not any("autograd_backward" in node.meta for node in n.values())
+
+
 def test_on_a_tracer_without_the_mark_recomputed_ops_are_retagged_backward(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -24,6 +24,7 @@ from ap_tags import (
     first_partition_name,
     replayed_saves,
 )
+from ap_tags.graph import backward_nodes
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -297,7 +298,9 @@ def test_a_tagged_constant_a_joint_pass_created_is_recomputed_not_saved() -> Non
     """Inductor's joint passes replace the cross-entropy backward's scatter with
     ``where(iota == target, scalar_tensor(-1.0), scalar_tensor(0))``: the constants copy the save
     tag the replaced backward node inherited but carry no ``partitioner_tag`` (AOTAutograd did
-    not trace them). The first partition never saw them: recomputed in the backward, reported."""
+    not trace them). The first partition never saw them. A node no trace created that only the
+    backward reads is a backward node (``ap_tags.graph.is_pass_created``): recomputed there,
+    not a save candidate at all."""
     r = Retrace()
     x = r.ph("primals_1", 4, 8)
     t = r.ph("tangents_1", 4, 8)
@@ -310,6 +313,27 @@ def test_a_tagged_constant_a_joint_pass_created_is_recomputed_not_saved() -> Non
     r.done(h, grad2)
     resolved = replayed_saves(r.g)
     assert [v.name for v in resolved.values] == ["relu"]
+    assert const in backward_nodes(r.g)
+    assert resolved.constants == ()
+
+
+def test_a_tagged_constant_the_forward_shares_is_recomputed_and_named() -> None:
+    """A constant a joint pass hoisted and shares between forward and backward (no
+    ``partitioner_tag``, read by both): a forward node, but free to recompute, so not saved;
+    the replay names it."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    const = r.fwd("scalar_tensor_default", aten.scalar_tensor.default, -1.0, tag=SAVED)
+    const.meta["val"] = torch.empty(())
+    h = r.fwd("mul", aten.mul.Tensor, x, const, tag=SAVED)
+    h.meta["partitioner_tag"] = "is_forward"
+    grad = r.bwd("mul_bw", aten.mul.Tensor, t, const)
+    grad2 = r.bwd("mul_bw2", aten.mul.Tensor, grad, h)
+    r.done(h, grad2)
+    resolved = replayed_saves(r.g)
+    assert [v.name for v in resolved.values] == ["mul"]
+    assert const not in backward_nodes(r.g)
     assert resolved.constants == ("scalar_tensor_default",)
     assert any("scalar_tensor_default" in line for line in resolved.notes())
 
@@ -390,3 +414,39 @@ def test_provenance_follows_a_named_pass_back_to_the_interpreted_node() -> None:
     _from(replaced, joint_node, pass_name="pattern_matcher")
     assert first_partition_name(replaced) == "mm"
     assert first_partition_name(x) is None
+
+
+def test_a_joint_pass_interior_the_backward_alone_reads_is_backward() -> None:
+    """Inductor's joint pass turns the cross-entropy backward's ``scatter(full, 1, target, -1)``
+    into ``where(eq(expand(target), iota), -1, 0)``: only the ``where`` copies the scatter's
+    meta; ``expand`` / ``eq`` carry no mark at all. They feed only the backward, so they are
+    backward nodes, and the replay saves the ``[N]`` target the first partition saved, not the
+    ``[N, V]`` ``eq`` mask (the label-shift loss tail: 896 B of bools saved for 112 B)."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    target = r.fwd("where_2", aten.relu.default, x, tag=SAVED, val=torch.empty(4, dtype=torch.int64))
+    target.meta["partitioner_tag"] = "is_forward"
+    h = r.fwd("relu", aten.relu.default, x, tag=SAVED)
+    h.meta["partitioner_tag"] = "is_forward"
+    expand = r.fwd("expand_default", aten.expand.default, target, [4, 8])
+    eq = r.fwd("eq_tensor", aten.eq.Tensor, expand, x, val=torch.empty(4, 8, dtype=torch.bool))
+    where = r.fwd("where_self", aten.where.self, eq, t, t)
+    where.meta["partitioner_tag"] = "is_backward"  # the replaced scatter's meta
+    grad = r.bwd("mul_bw", aten.mul.Tensor, where, h)
+    r.done(h, grad)
+    assert {expand, eq} <= backward_nodes(r.g)
+    assert {v.name for v in replayed_saves(r.g).values} == {"relu", "where_2"}
+
+
+def test_untagged_nodes_keep_their_direction_on_a_graph_without_forward_stamps() -> None:
+    """A hand-built joint (no ``partitioner_tag`` anywhere) cannot tell a pass-created node
+    from a forward one: a forward value only the backward reads stays forward there."""
+    r = Retrace()
+    x = r.ph("primals_1", 4, 8)
+    t = r.ph("tangents_1", 4, 8)
+    h = r.fwd("relu", aten.relu.default, x, tag=SAVED)
+    cos = r.fwd("cos", aten.cos.default, x, tag=SAVED)
+    grad = r.bwd("mul_bw", aten.mul.Tensor, t, cos)
+    r.done(h, grad)
+    assert cos not in backward_nodes(r.g)

@@ -233,6 +233,22 @@ def min_cut_partition() -> Callable[..., Any]:
     return fn
 
 
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition table (``torch._inductor.decomposition.select_decomp_table``):
+    the ops Inductor's own min-cut partitions over, so a min-cut first partition traced with it
+    sees the graph the backend's Inductor compile would partition.
+
+    Inductor's lowering module is imported first, as Inductor's own compile has by then: some
+    decompositions read it at trace time (torch 2.11's ``_max_pool_with_indices`` calls
+    ``torch._inductor.lowering``; timm's ResNet-10t failed with "module 'torch._inductor' has no
+    attribute 'lowering'")."""
+    SUPPORT.module("torch._inductor.lowering")
+    fn: Callable[[], dict[Any, Callable[..., Any]]] = SUPPORT.attr(
+        "torch._inductor.decomposition", "select_decomp_table"
+    )
+    return fn()
+
+
 # --------------------------------------------------------------------------- structured trace
 
 

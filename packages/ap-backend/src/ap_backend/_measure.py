@@ -1,8 +1,10 @@
 """Measure a partitioner's saved set without Inductor codegen.
 
-Runs AOTAutograd with identity fw/bw compilers but Inductor's own ``partition_fn`` (so the
-joint graph gets the same Inductor joint passes as a real compile) under the chosen
-partitioner, the optional AC joint pass and ``wait_tensor_dce()``. Cheap enough to put the
+Runs AOTAutograd with identity fw/bw compilers but Inductor's decompositions and its own
+``partition_fn`` (so the joint graph is the one a real Inductor compile partitions: the same
+ops, the same Inductor joint passes) under the chosen partitioner, the optional AC joint pass
+and ``wait_tensor_dce()``. Without the decompositions min-cut saw composite ops whole and
+measured 8.6% more than Inductor's compile saves (model kit, dim 256, seq 512, batch 2). Cheap enough to put the
 min-cut+AC saved set next to the backend's in the demo table.
 """
 
@@ -65,6 +67,7 @@ def measure_saved(
         fw_compiler=_identity_compiler,
         bw_compiler=_identity_compiler,
         partition_fn=_compat.inductor_partition_fn(),
+        decompositions=_compat.inductor_decompositions(),
     )
     with partitioning(part, ac_pass):
         out = torch.compile(module, backend=backend)(*example_args)

@@ -61,7 +61,7 @@ from ._keys import (
     TAG_SCHEMA_VERSION,
 )
 from ._module_fqns import annotate_module_fqns
-from ._recomputed import release_recomputed_saves
+from ._recomputed import release_recomputed_saves, unmark_forward_graph
 from ._replay import ReplayedSaves, first_partition_name, replayed_saves
 from ._saved import SavedOutputsReport, infer_num_fwd_outputs, tag_saved_outputs
 from ._validate import node_tag_problems, validate_tags
@@ -116,6 +116,7 @@ __all__ = [
     "preserve_meta_compiler",
     "recompute_policy",
     "release_recomputed_saves",
+    "unmark_forward_graph",
     "first_partition_name",
     "replayed_saves",
     "set_recompute",

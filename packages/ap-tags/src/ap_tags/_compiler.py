@@ -25,7 +25,7 @@ import torch.fx.traceback as fx_traceback
 
 from ._compat import replay_scope, require_fx_traceback
 from ._first_forward import register_first_forward
-from ._recomputed import mark_backward_graph, release_recomputed_saves
+from ._recomputed import mark_backward_graph, release_recomputed_saves, unmark_forward_graph
 from ._saved import SavedOutputsReport, check_num_fwd_outputs, tag_saved_outputs
 from .checks import require_bool, require_graph_module
 
@@ -68,6 +68,7 @@ def preserve_meta_compiler(
         require_graph_module(gm, where="preserve_meta_compiler", arg="gm")
         report = None
         if tag_forward:
+            unmark_forward_graph(gm)
             report = tag_saved_outputs(gm, num_fwd_outputs=num_fwd_outputs)
             log.debug("preserve_meta_compiler tagged %s", report)
             # the replay reads this graph again to name what it saves fewer (_unread_saves)

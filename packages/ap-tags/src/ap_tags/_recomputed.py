@@ -90,6 +90,28 @@ def mark_backward_graph(bw_gm: torch.fx.GraphModule) -> int:
     return marked
 
 
+def unmark_forward_graph(fw_gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """Clear ``autograd_backward`` from every node of a forward graph; return the names cleared.
+
+    Why: min-cut moves backward-origin nodes that read only forward values into the forward
+    when saving their output is cheaper (relu's backward mask ``le(relu, 0)``, one byte an
+    element where ``relu`` is four; a weight's transposed view). Extraction copies the joint
+    node's meta, so in the forward graph those nodes still say ``autograd_backward``; the tracer
+    copies that mark (2.12+) onto the node the second compilation traces while the forward runs
+    them, and the replay then took the saved mask for a backward node and recomputed it (the
+    first partition saved 6 values, the replay 5). In a forward graph every node runs in the
+    forward: the mark is false there by construction.
+    """
+    require_graph_module(fw_gm, where="unmark_forward_graph", arg="fw_gm")
+    cleared = []
+    for node in fw_gm.graph.nodes:
+        if node.meta.pop(_BACKWARD, None) is not None:
+            cleared.append(node.name)
+    if cleared:
+        log.debug("unmark_forward_graph: %s", cleared)
+    return tuple(cleared)
+
+
 def release_recomputed_saves(bw_gm: torch.fx.GraphModule) -> tuple[str, ...]:
     """Drop ``ap_must_save``/its indices and a ``MUST_SAVE``/``PREFER_SAVE`` policy from the
     recomputed forward ops of a backward graph; return the names of the nodes changed.

@@ -38,6 +38,7 @@ __all__ = [
     "is_all_gather",
     "is_all_gather_output",
     "is_backward_node",
+    "is_pass_created",
     "is_collective",
     "is_getitem",
     "is_multi_output",
@@ -57,6 +58,8 @@ __all__ = [
 COLLECTIVE_NAMESPACE = "_c10d_functional"
 #: ``meta["partitioner_tag"]`` values AOTAutograd writes on backward nodes.
 BACKWARD_PARTITIONER_TAGS = ("is_backward", "must_be_in_backward")
+#: AOTAutograd's forward ``partitioner_tag`` values (every node traced in a joint's forward).
+FORWARD_PARTITIONER_TAGS = ("is_forward", "must_be_in_forward")
 
 _WAITS = ("wait_tensor", "wait_tensors")
 _ALL_GATHERS = (
@@ -228,7 +231,9 @@ def backward_nodes(graph: torch.fx.Graph | torch.fx.GraphModule) -> set[torch.fx
     backward, and everything computed from either (the output node excluded).
 
     Reachability matters because marks are incomplete: a gradient accumulation ``add`` or a
-    tangent ``expand`` may carry no backward mark, yet reads a tangent.
+    tangent ``expand`` may carry no backward mark, yet reads a tangent. So are the nodes a
+    joint-graph pass created for the backward (:func:`is_pass_created`) without reading a
+    tangent: they belong to the backward when every user does.
     """
     g = require_graph(graph, where="backward_nodes")
     seen: set[torch.fx.Node] = set()
@@ -239,7 +244,32 @@ def backward_nodes(graph: torch.fx.Graph | torch.fx.GraphModule) -> set[torch.fx
             continue
         seen.add(node)
         stack.extend(node.users)
+    if any(n.meta.get("partitioner_tag") in FORWARD_PARTITIONER_TAGS for n in g.nodes):
+        for node in reversed(g.nodes):
+            if node not in seen and is_pass_created(node) and node.users:
+                if all(user in seen for user in node.users):
+                    seen.add(node)
     return seen
+
+
+def is_pass_created(node: torch.fx.Node) -> bool:
+    """An op of an AOTAutograd joint graph that no trace created: it carries neither the
+    ``partitioner_tag`` AOTAutograd stamps on every forward node once the forward is traced,
+    nor the backward mark of a node traced while autograd ran.
+
+    Why it matters: Inductor's joint-graph passes run before partitioning and replace ops with
+    new, untagged nodes (``scatter`` over a constant into ``iota`` / ``eq`` / ``where``: the
+    cross-entropy backward's one-hot). Only the replacement's output copies the replaced
+    node's meta; its interior is unmarked, so direction by marks alone put it in the forward,
+    and a save-all replay then saved the ``eq`` one-hot mask the backward reads (``[N, V]``
+    bools) instead of the ``[N]`` int64 targets the first partition saved. Only meaningful on
+    a graph that carries AOTAutograd's forward stamps (``backward_nodes`` checks).
+    """
+    return (
+        node.op == "call_function"
+        and "partitioner_tag" not in node.meta
+        and "autograd_backward" not in node.meta
+    )
 
 
 # --------------------------------------------------------------------------- sizes
