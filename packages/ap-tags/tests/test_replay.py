@@ -425,7 +425,9 @@ def test_a_joint_pass_interior_the_backward_alone_reads_is_backward() -> None:
     r = Retrace()
     x = r.ph("primals_1", 4, 8)
     t = r.ph("tangents_1", 4, 8)
-    target = r.fwd("where_2", aten.relu.default, x, tag=SAVED, val=torch.empty(4, dtype=torch.int64))
+    target = r.fwd(
+        "where_2", aten.relu.default, x, tag=SAVED, val=torch.empty(4, dtype=torch.int64)
+    )
     target.meta["partitioner_tag"] = "is_forward"
     h = r.fwd("relu", aten.relu.default, x, tag=SAVED)
     h.meta["partitioner_tag"] = "is_forward"
