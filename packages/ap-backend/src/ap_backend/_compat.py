@@ -233,6 +233,34 @@ def min_cut_partition() -> Callable[..., Any]:
     return fn
 
 
+def inductor_joint_graph_passes(
+    gm: torch.fx.GraphModule, joint_inputs: Any
+) -> torch.fx.GraphModule:
+    """Inductor's joint-graph passes, as its ``partition_fn`` runs them before min-cut
+    (``compile_fx._recursive_joint_graph_passes`` on the joint inputs' device): pattern
+    rewrites such as the cross-entropy backward's ``scatter`` over a constant into
+    ``where(iota == target, ...)``, constant folding, no-op removal.
+
+    Two differences from Inductor's own call, both because this graph is interpreted and
+    retraced rather than lowered: ``fallback_random=True`` keeps aten's random ops (Inductor's
+    ``replace_random_passes`` would put its seed prims into the first compilation's graphs;
+    the second compilation's Inductor applies it to its own graph), and the passes run under the
+    joint graph's fake mode (``V.fake_mode``), which Inductor's compile would have set."""
+    passes: Callable[..., torch.fx.GraphModule] = SUPPORT.attr(
+        _COMPILE_FX, "_recursive_joint_graph_passes"
+    )
+    devices: Callable[..., Any] = SUPPORT.attr(_COMPILE_FX, "get_inputs_devices")
+    virtualized: Any = SUPPORT.attr("torch._inductor.virtualized", "V")
+    detect: Callable[..., Any] = SUPPORT.attr("torch._guards", "detect_fake_mode")
+    found = devices(joint_inputs, gm)
+    fake = detect(joint_inputs)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(inductor_config_patch({"fallback_random": True}))
+        if fake is not None:
+            stack.enter_context(virtualized.set_fake_mode(fake))
+        return passes(gm, skip_invoke_subgraph=True, input_device=next(iter(found), None))
+
+
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     """Inductor's decomposition table (``torch._inductor.decomposition.select_decomp_table``):
     the ops Inductor's own min-cut partitions over, so a min-cut first partition traced with it
