@@ -29,13 +29,31 @@ def _examples() -> list[tuple[str, str]]:
 
 EXAMPLES = _examples()
 
+#: Examples whose code already runs in the default suite by another test, and takes minutes:
+#: ``ap_backend.demo``'s (``run_demo`` + ``spawn_ranks``: 127 s in CI; ``tests/test_cli.py``
+#: runs the demo, ``tests/test_multirank_gloo.py`` ``spawn_ranks(run_rank, ...)``). They run
+#: under ``-m heavy``.
+HEAVY_MARKERS = ("run_demo(",)
+
+
+def _params() -> list[object]:
+    return [
+        pytest.param(
+            where,
+            code,
+            id=where,
+            marks=[pytest.mark.heavy] if any(m in code for m in HEAVY_MARKERS) else [],
+        )
+        for where, code in EXAMPLES
+    ]
+
 
 def test_the_readmes_have_examples() -> None:
     assert len(EXAMPLES) >= 8, [where for where, _ in EXAMPLES]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("where", "code"), EXAMPLES, ids=[w for w, _ in EXAMPLES])
+@pytest.mark.parametrize(("where", "code"), _params())
 def test_readme_example_runs_as_written(where: str, code: str, tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(code, encoding="utf-8")
