@@ -8,13 +8,21 @@ imported, which is why it lives in the root conftest and not in a fixture.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from typing import Any
 
 os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
 os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="ap-inductor-cache-"))
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    # The first pytest process makes the directory; its xdist workers and the subprocesses tests
+    # spawn inherit it through the environment. Removed when that process exits (before, every
+    # run and every worker left one behind in the temp dir).
+    _CACHE_DIR = tempfile.mkdtemp(prefix="ap-inductor-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _CACHE_DIR
+    atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: object, items: list[Any]) -> None:
