@@ -4,8 +4,8 @@ Runs AOTAutograd with identity fw/bw compilers but Inductor's decompositions and
 ``partition_fn`` (so the joint graph is the one a real Inductor compile partitions: the same
 ops, the same Inductor joint passes) under the chosen partitioner, the optional AC joint pass
 and ``wait_tensor_dce()``. Without the decompositions min-cut saw composite ops whole and
-measured 8.6% more than Inductor's compile saves (model kit, dim 256, seq 512, batch 2). Cheap enough to put the
-min-cut+AC saved set next to the backend's in the demo table.
+measured 8.6% more than Inductor's compile saves (model kit, dim 256, seq 512, batch 2).
+Cheap enough to put the min-cut+AC saved set next to the backend's in the demo table.
 """
 
 from __future__ import annotations

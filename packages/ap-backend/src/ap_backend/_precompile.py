@@ -167,9 +167,10 @@ def _first_decompositions(partitioner: FirstPartitioner) -> dict[Any, Any] | Non
     replay then saved 8.6% more than Inductor's own min-cut on the same tagged graph (model kit,
     dim 256, seq 512, batch 2, bf16 gathers, fake PG 8: 26,267,652 B against 24,178,692 B).
     Traced with them, the two are the same set, and the replay of it is exact
-    (``ap_tags.unmark_forward_graph``, ``ap_tags.graph.is_pass_created``). ``default_partition`` (AutoParallel's choice,
-    and the EP chunk route's) keeps the graph as exported: its saves do not depend on
-    granularity the way min-cut's do, and the chunk pass's region rules were written against it.
+    (``ap_tags.unmark_forward_graph``, ``ap_tags.graph.is_pass_created``).
+    ``default_partition`` (AutoParallel's choice, and the EP chunk route's) keeps the graph as
+    exported: its saves do not depend on granularity the way min-cut's do, and the chunk pass's
+    region rules were written against it.
     """
     return _compat.inductor_decompositions() if partitioner == "min_cut" else None
 

@@ -25,13 +25,10 @@ import torch.fx
 from ._compat import checkpoint_policy, tracer_copies_autograd_backward
 from ._keys import CUSTOM, MUST_SAVE, MUST_SAVE_INDICES, RECOMPUTE
 from .checks import require_graph_module
-from .graph import is_backward_node
+from .graph import FORWARD_PARTITIONER_TAGS, is_backward_node
 
 log = logging.getLogger(__name__)
 
-#: ``partitioner_tag`` values AOTAutograd puts on forward ops; in a backward graph they mark
-#: the ops the partition recomputed there.
-_FORWARD_TAGS = ("is_forward", "must_be_in_forward")
 
 #: The node-meta key torch's backward extraction and tracer use for backward nodes.
 _BACKWARD = "autograd_backward"
@@ -48,7 +45,10 @@ def is_backward_graph(gm: torch.fx.GraphModule) -> bool:
 
 def is_recomputed_forward_op(node: torch.fx.Node) -> bool:
     """A forward op in a backward graph: the partition recomputed it there."""
-    return node.op == "call_function" and node.meta.get("partitioner_tag") in _FORWARD_TAGS
+    # AOTAutograd's forward ``partitioner_tag`` in a backward graph: recomputed there
+    return (
+        node.op == "call_function" and node.meta.get("partitioner_tag") in FORWARD_PARTITIONER_TAGS
+    )
 
 
 def _stale(node: torch.fx.Node) -> tuple[bool, bool]:

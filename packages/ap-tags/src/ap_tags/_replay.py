@@ -68,7 +68,14 @@ from ._accessors import is_must_save, must_save_indices
 from ._first_forward import interpreted_source
 from ._unread_saves import named_drops
 from .checks import require_graph
-from .graph import backward_nodes, is_getitem, is_multi_output, op_overload, storage_base
+from .graph import (
+    FORWARD_PARTITIONER_TAGS,
+    backward_nodes,
+    is_getitem,
+    is_multi_output,
+    op_overload,
+    storage_base,
+)
 
 
 @dataclass(frozen=True)
@@ -159,7 +166,7 @@ def _constants(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 def _marked_forward(node: torch.fx.Node) -> bool:
     """AOTAutograd traced ``node`` as part of the forward (nodes a later pass creates carry no
     ``partitioner_tag``)."""
-    return node.meta.get("partitioner_tag") in ("is_forward", "must_be_in_forward")
+    return node.meta.get("partitioner_tag") in FORWARD_PARTITIONER_TAGS
 
 
 def _is_random(node: torch.fx.Node) -> bool:
