@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -97,11 +96,32 @@ def test_frontier_prefers_the_least_memory_point(build: Any) -> None:
     assert recompute_policy(big) is P.PREFER_RECOMPUTE
 
 
-def test_auto_stage_size_is_sqrt_of_total_gib(build: Any) -> None:
-    gm, _ = _joint(build)
+def test_auto_cuts_each_block_at_its_narrow_value(build: Any) -> None:
+    """Four blocks of wide values each ending in a narrow one (a residual stream's shape):
+    "auto" saves the narrow values, the same way in every block, and recomputes the wide ones.
+    The old rule, sqrt(total GiB) GiB, made one stage of this (and of any forward under 1 GiB):
+    it saved only the loss-side value and recomputed the whole forward from the inputs."""
+    b = build()
+    x, tangent = b.ph("primals_1", (8,)), b.ph("tangents_1", (8,))
+    cur, wides, narrows = x, [], []
+    for i in range(4):
+        wide = b.op(aten.expand.default, (cur, [64, 8]), f"wide{i}", (64, 8))
+        act = b.op(aten.relu.default, (wide,), f"act{i}", (64, 8))
+        cur = b.op(aten.sum.dim_IntList, (act, [0]), f"narrow{i}", (8,))
+        wides.append(act)
+        narrows.append(cur)
+    loss = b.op(aten.sum.default, (cur,), "loss", ())
+    grad = tangent
+    for i, act in enumerate(reversed(wides)):
+        g = b.op(aten.mul.Tensor, (act, grad), f"gw{i}", (64, 8))
+        grad = b.op(aten.sum.dim_IntList, (g, [0]), f"g{i}", (8,))
+    gm = b.done(loss, grad)
     report = mark_ac_stages(gm)
-    total_gib = report.total_bytes / GIB
-    assert report.stage_size_bytes == int(math.sqrt(total_gib) * GIB)
+    assert set(report.must_save) <= {f"narrow{i}" for i in range(4)}
+    assert len(report.must_save) >= 2
+    assert report.stages == len(report.must_save)
+    assert report.stage_size_bytes < report.total_bytes
+    assert all(recompute_policy(w) is P.PREFER_RECOMPUTE for w in wides)
 
 
 def test_user_annotations_and_forced_recomputes_are_left_alone(build: Any) -> None:

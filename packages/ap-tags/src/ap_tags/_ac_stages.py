@@ -1,10 +1,11 @@
 """Staged activation checkpointing for a joint graph: recompute by default, save at stage cuts.
 
 Every forward value the backward needs is tagged ``PREFER_RECOMPUTE``; the forward is then cut
-into stages of roughly ``stage_size_gib`` of activations, and at one point inside each stage
-(the point where the fewest bytes are alive) the live values are tagged ``MUST_SAVE``. The
-backward thus recomputes at most one stage from its saved frontier, trading
-``O(sqrt(total))`` saved memory for about one extra forward ("auto" picks sqrt(total GiB) GiB).
+at a few points and the values live at each cut are tagged ``MUST_SAVE``. The backward thus
+recomputes one segment at a time from saved values, trading a little saved memory for about one
+extra forward. Where the cuts go (``_ac_cuts``): with a ``stage_size_gib``, one per stage of
+about that many bytes, at the stage's least-alive point; with ``"auto"``, the cuts that
+minimise the backward's peak (saved bytes plus the largest segment recomputed).
 
 Tags written here carry ``ac_graph_id=FSDP_AC_GRAPH_ID``. Anything that already had a
 ``recompute`` tag from another id is a user annotation (torch SAC) and is never overwritten.
@@ -27,6 +28,7 @@ import torch
 import torch.fx
 
 from . import checks
+from ._ac_cuts import auto_cut_points, least_alive_points, stage_cuts
 from ._accessors import ac_graph_id, recompute_policy, set_recompute
 from ._compat import checkpoint_policy
 from ._keys import FSDP_AC_GRAPH_ID
@@ -95,20 +97,6 @@ def _is_functional_collective(node: torch.fx.Node) -> bool:
     return is_collective(node) or is_wait(node)
 
 
-def _stage_cuts(sizes: list[int], stage_bytes: int) -> list[tuple[int, int]]:
-    """Split positions ``0..len(sizes)`` into consecutive ``[start, end)`` stages by bytes."""
-    cuts: list[tuple[int, int]] = []
-    start, acc = 0, 0
-    for i, size in enumerate(sizes):
-        acc += size
-        if acc >= stage_bytes:
-            cuts.append((start, i + 1))
-            start, acc = i + 1, 0
-    if start < len(sizes) and acc > 0:
-        cuts.append((start, len(sizes)))
-    return cuts
-
-
 def mark_ac_stages(
     graph: torch.fx.Graph | torch.fx.GraphModule, *, stage_size_gib: StageSize = "auto"
 ) -> AcStageReport:
@@ -149,12 +137,16 @@ def mark_ac_stages(
     ]
     sizes = [node_nbytes(n) for n in savable]
     total = sum(sizes)
-    if size_opt == "auto":
-        stage_bytes = max(1, int(math.sqrt(total / _GIB) * _GIB)) if total else 0
+    bw = backward_nodes(g)
+    alive = _alive_bytes(savable, sizes, order, bw)
+    if not total:
+        stage_bytes, points = 0, list[int]()
+    elif size_opt == "auto":
+        stage_bytes, points = auto_cut_points(sizes, alive)
     else:
         stage_bytes = max(1, int(size_opt * _GIB))
-    cuts = _stage_cuts(sizes, stage_bytes) if total else []
-    to_save = _frontiers(savable, sizes, cuts, order, backward_nodes(g))
+        points = least_alive_points(alive, stage_cuts(sizes, stage_bytes))
+    to_save = _alive_at(savable, points, order, bw)
 
     for n in to_prefer:
         set_recompute(n, policy.PREFER_RECOMPUTE, FSDP_AC_GRAPH_ID)
@@ -163,7 +155,7 @@ def mark_ac_stages(
     report = AcStageReport(
         stage_size_bytes=stage_bytes,
         total_bytes=total,
-        stages=len(cuts),
+        stages=len(points),
         prefer_recompute=tuple(n.name for n in to_prefer if n not in to_save),
         must_save=tuple(n.name for n in sorted(to_save, key=order.__getitem__)),
         user_annotated=tuple(n.name for n in candidates if is_user(n)),
@@ -179,37 +171,33 @@ def mark_ac_stages(
     return report
 
 
-def _frontiers(
+def _last_forward_use(
+    n: torch.fx.Node, order: dict[torch.fx.Node, int], backward: set[torch.fx.Node]
+) -> int:
+    uses = [order[u] for u in n.users if u.op != "output" and u not in backward]
+    return max(uses, default=order[n])
+
+
+def _alive_bytes(
     savable: list[torch.fx.Node],
     sizes: list[int],
-    cuts: list[tuple[int, int]],
     order: dict[torch.fx.Node, int],
     backward: set[torch.fx.Node],
-) -> set[torch.fx.Node]:
-    """For each stage, the savable values alive at the stage's least-memory point.
+) -> list[int]:
+    """Bytes of savable values alive at each savable value's position (same order as ``savable``).
 
     A value is alive at forward position p when it is defined at or before p and a *forward*
     node after p uses it: that set is exactly what resuming the forward from p needs, so saving
     it lets the backward recompute everything after p from saved values alone. (Backward uses
     do not keep a value alive here; recomputation serves them.)
     """
-    if not cuts:
-        return set()
-
-    def last_forward_use(n: torch.fx.Node) -> int:
-        uses = [order[u] for u in n.users if u.op != "output" and u not in backward]
-        return max(uses, default=order[n])
-
-    intervals = [
-        (order[n], last_forward_use(n), size) for n, size in zip(savable, sizes, strict=True)
-    ]
-    positions = [order[n] for n in savable]
-    # alive bytes at each candidate position via a sweep over definition/last-use events
     events: dict[int, int] = {}
-    for start, last, size in intervals:
+    for n, size in zip(savable, sizes, strict=True):
+        start, last = order[n], _last_forward_use(n, order, backward)
         if last > start and size:
             events[start] = events.get(start, 0) + size
             events[last] = events.get(last, 0) - size
+    positions = [order[n] for n in savable]
     alive_at: dict[int, int] = {}
     running = 0
     wanted = set(positions)
@@ -217,11 +205,21 @@ def _frontiers(
         running += events.get(pos, 0)
         if pos in wanted:
             alive_at[pos] = running
+    return [alive_at[p] for p in positions]
+
+
+def _alive_at(
+    savable: list[torch.fx.Node],
+    points: list[int],
+    order: dict[torch.fx.Node, int],
+    backward: set[torch.fx.Node],
+) -> set[torch.fx.Node]:
+    """The savable values alive at each cut (indices into ``savable``; see ``_alive_bytes``)."""
     chosen: set[torch.fx.Node] = set()
-    for start, end in cuts:
-        best = min(positions[start:end], key=lambda p: (alive_at[p], -p))
-        for n, (d, last, _) in zip(savable, intervals, strict=True):
-            if d <= best < last:
+    for point in points:
+        at = order[savable[point]]
+        for n in savable:
+            if order[n] <= at < _last_forward_use(n, order, backward):
                 chosen.add(n)
     return chosen
 
