@@ -215,12 +215,11 @@ def _alive_at(
     backward: set[torch.fx.Node],
 ) -> set[torch.fx.Node]:
     """The savable values alive at each cut (indices into ``savable``; see ``_alive_bytes``)."""
+    spans = [(n, order[n], _last_forward_use(n, order, backward)) for n in savable]
     chosen: set[torch.fx.Node] = set()
     for point in points:
         at = order[savable[point]]
-        for n in savable:
-            if order[n] <= at < _last_forward_use(n, order, backward):
-                chosen.add(n)
+        chosen.update(n for n, first, last in spans if first <= at < last)
     return chosen
 
 
