@@ -334,8 +334,9 @@ def _remedy(rp: RegionPlan, shapes: ChunkShapes) -> str:
         if shapes.mode == "static"
         else ""
     )
+    leave = "or leave" if hinted else "Fix: leave"
     return (
-        f".{hinted} or leave {rp.root!r} unchunked (ChunkConfig(module_patterns=...) without "
+        f".{hinted} {leave} {rp.root!r} unchunked (ChunkConfig(module_patterns=...) without "
         "it, or num_chunks=1: ep_chunk=None)"
     )
 
