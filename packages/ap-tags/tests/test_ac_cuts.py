@@ -11,6 +11,7 @@ from ap_tags._ac_cuts import (
     _largest_segment,
     auto_cut_points,
     least_alive_points,
+    narrow_points,
     stage_cuts,
 )
 
@@ -37,36 +38,47 @@ def _cases(count: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
+def _subsets(points: list[int]) -> list[list[int]]:
+    return [list(c) for k in range(len(points) + 1) for c in itertools.combinations(points, k)]
+
+
 @pytest.mark.parametrize("case", range(60))
 def test_cheapest_cuts_is_exact_for_each_limit(case: int) -> None:
     sizes, alive = _cases(60)[case]
     prefix = _prefix(sizes)
-    for limit in sorted({max(1, max(sizes)), *prefix[1:]}):
-        if limit < max(sizes):
-            continue
-        saved, points = _cheapest_cuts(prefix, alive, limit)
-        assert points == sorted(set(points))
-        assert saved == sum(alive[p] for p in points)
-        assert _largest_segment(prefix, points) <= limit
+    rng = random.Random(case)
+    candidates = sorted(rng.sample(range(len(sizes)), rng.randint(0, len(sizes))))
+    for limit in sorted({1, *prefix[1:]}):
+        found = _cheapest_cuts(prefix, alive, candidates, limit)
         feasible = [
             sum(alive[p] for p in cuts)
-            for cuts in _all_cut_sets(len(sizes))
+            for cuts in _subsets(candidates)
             if _largest_segment(prefix, cuts) <= limit
         ]
-        assert saved == min(feasible), (sizes, alive, limit)
+        if not feasible:
+            assert found is None, (sizes, candidates, limit)
+            continue
+        assert found is not None, (sizes, candidates, limit)
+        saved, points = found
+        assert points == sorted(set(points)) and set(points) <= set(candidates)
+        assert saved == sum(alive[p] for p in points)
+        assert _largest_segment(prefix, points) <= limit
+        assert saved == min(feasible), (sizes, alive, candidates, limit)
 
 
 @pytest.mark.parametrize("case", range(60))
 def test_auto_cut_points_is_within_the_limit_grid_of_the_best_peak(case: int) -> None:
-    """The limit grid steps by 1.1x, so the peak found is at most 1.1x the true optimum."""
+    """Among the narrow points, the peak found is at most 1.1x the true optimum (the limit
+    grid steps by 1.1x)."""
     sizes, alive = _cases(60)[case]
     prefix = _prefix(sizes)
     segment, points = auto_cut_points(sizes, alive)
     assert segment == _largest_segment(prefix, points)
+    assert set(points) <= set(narrow_points(alive))
     peak = sum(alive[p] for p in points) + segment
     best = min(
         sum(alive[p] for p in cuts) + _largest_segment(prefix, cuts)
-        for cuts in _all_cut_sets(len(sizes))
+        for cuts in _subsets(narrow_points(alive))
     )
     assert best <= peak <= 1.1 * best + 1, (sizes, alive)
 
@@ -79,6 +91,16 @@ def test_auto_cuts_every_block_at_its_narrow_point() -> None:
     segment, points = auto_cut_points(sizes, alive)
     assert [p % 4 for p in points] == [3] * len(points)
     assert len(points) >= 2 and segment < sum(sizes)
+
+
+def test_auto_never_cuts_a_wide_head() -> None:
+    """Blocks with a narrow residual, then a head whose values are 50x wider (logits): cutting
+    at the head would shorten the last segment, but saves more than it spares."""
+    sizes = [64, 64, 8] * 4 + [400, 400, 400, 400]
+    alive = [70, 130, 8] * 4 + [400, 800, 800, 400]
+    _, points = auto_cut_points(sizes, alive)
+    assert points and all(p < 12 and p % 3 == 2 for p in points)
+    assert narrow_points(alive) == [2, 5, 8, 11]
 
 
 def test_fixed_stages_cut_at_their_least_alive_point() -> None:
