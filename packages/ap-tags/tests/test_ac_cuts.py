@@ -71,14 +71,14 @@ def test_auto_cut_points_is_within_the_limit_grid_of_the_best_peak(case: int) ->
     """Among the narrow points, the peak found is at most 1.1x the true optimum (the limit
     grid steps by 1.1x)."""
     sizes, alive = _cases(60)[case]
+    narrow = narrow_points(alive)
     prefix = _prefix(sizes)
     segment, points = auto_cut_points(sizes, alive)
     assert segment == _largest_segment(prefix, points)
     assert set(points) <= set(narrow_points(alive))
     peak = sum(alive[p] for p in points) + segment
     best = min(
-        sum(alive[p] for p in cuts) + _largest_segment(prefix, cuts)
-        for cuts in _subsets(narrow_points(alive))
+        sum(alive[p] for p in cuts) + _largest_segment(prefix, cuts) for cuts in _subsets(narrow)
     )
     assert best <= peak <= 1.1 * best + 1, (sizes, alive)
 

@@ -106,18 +106,21 @@ def narrow_points(alive: list[int]) -> list[int]:
 
 def auto_cut_points(sizes: list[int], alive: list[int]) -> tuple[int, list[int]]:
     """``(largest segment bytes, cut positions)`` minimising saved bytes + largest segment,
-    with cuts only at ``narrow_points``.
+    with cuts only at ``narrow_points``. ``sizes`` are what recomputing each value materialises
+    (the caller's estimate), ``alive`` what a cut there saves.
 
     Tries segment-size limits on a geometric grid from the largest value to the total and keeps
     the cheapest peak (fewer saved bytes on a tie).
     """
     if not sizes:
         return 0, []
+    candidates = narrow_points(alive)
     prefix = [0]
     for size in sizes:
         prefix.append(prefix[-1] + size)
     total = prefix[-1]
-    candidates = narrow_points(alive)
+    if not total:
+        return 0, []
     limit = max(1, max(sizes))
     chosen: tuple[int, int, int, list[int]] = (total, 0, total, [])  # peak, saved, segment, cuts
     while limit < total:

@@ -33,7 +33,14 @@ from ._accessors import ac_graph_id, recompute_policy, set_recompute
 from ._compat import checkpoint_policy
 from ._keys import FSDP_AC_GRAPH_ID
 from .checks import require_graph
-from .graph import backward_nodes, is_collective, is_wait, node_nbytes
+from .graph import (
+    aliases_input,
+    backward_nodes,
+    is_collective,
+    is_wait,
+    node_nbytes,
+    op_overload,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +149,7 @@ def mark_ac_stages(
     if not total:
         stage_bytes, points = 0, list[int]()
     elif size_opt == "auto":
-        stage_bytes, points = auto_cut_points(sizes, alive)
+        stage_bytes, points = auto_cut_points([recompute_bytes(n) for n in savable], alive)
     else:
         stage_bytes = max(1, int(size_opt * _GIB))
         points = least_alive_points(alive, stage_cuts(sizes, stage_bytes))
@@ -169,6 +176,22 @@ def mark_ac_stages(
         len(report.must_save),
     )
     return report
+
+
+def recompute_bytes(node: torch.fx.Node) -> int:
+    """What recomputing ``node`` in the backward materialises, as ``"auto"`` weighs a segment.
+
+    Views materialise nothing, and pointwise ops fuse into the backward kernels that read them
+    (Inductor recomputes them there, as min-cut plans it); everything else -- matmuls,
+    attention, reductions, embeddings -- writes its output. Counting every value's bytes would
+    weigh a cross-entropy head's chain of ``[tokens, vocab]`` pointwise values (four fp32 ones,
+    16.8 GB at LLaMA-3 8B's shapes) as if each were stored, so that segment would dwarf every
+    layer and no cut would pay.
+    """
+    op = op_overload(node)
+    if aliases_input(node) or (op is not None and torch.Tag.pointwise in op.tags):
+        return 0
+    return node_nbytes(node)
 
 
 def _last_forward_use(
