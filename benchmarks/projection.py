@@ -253,8 +253,10 @@ def markdown(result: dict[str, Any]) -> str:
         "bytes per rank = every storage the forward saves for the backward "
         f"(`SavedSummary.nbytes`); {FULL_LAYERS} layers = 1 layer + "
         f"{FULL_LAYERS - 1} x per layer, where the per-layer bytes are linear (3 - 2 = 2 - 1 "
-        "layers); with AC they are not (ap-tags' AC pass groups layers into stages of "
-        '`ac_stage_size_gib="auto"`), so the AC rows give the measured figures only. '
+        "layers); with AC they need not be (ap-tags' AC pass, "
+        '`ac_stage_size_gib="auto"`, places its cuts over the whole forward: fewer layers than '
+        "the head's segment is long get one cut), so a non-linear AC row gives the measured "
+        "figures only. "
         "GB = 1e9 bytes."
     )
     return f"{head}\n\n{markdown_table(columns, rows)}"
