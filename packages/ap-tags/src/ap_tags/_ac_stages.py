@@ -155,11 +155,13 @@ def mark_ac_stages(
         stage_bytes = max(1, int(size_opt * _GIB))
         points = least_alive_points(alive, stage_cuts(sizes, stage_bytes))
     to_save = _alive_at(savable, points, order, bw)
-    # A view shares its base's storage; tag the base, which partitioners save as a tensor of its
-    # own (a MUST_SAVE view of a recomputed base was dropped: LLaMA-3 8B's one cut, the final
-    # norm's output view, saved 0 bytes and the backward recomputed the whole forward).
-    savable_set = set(savable)
-    to_save = {b if (b := storage_base(n)) in savable_set else n for n in to_save}
+    if size_opt == "auto":
+        # A view shares its base's storage; "auto" tags the base, which partitioners save as a
+        # tensor of its own (a MUST_SAVE view of a recomputed base was dropped: LLaMA-3 8B's one
+        # cut, the final norm's output view, saved 0 bytes and the backward recomputed the whole
+        # forward). A fixed stage size keeps tagging what is alive, as it always did.
+        savable_set = set(savable)
+        to_save = {b if (b := storage_base(n)) in savable_set else n for n in to_save}
 
     for n in to_prefer:
         set_recompute(n, policy.PREFER_RECOMPUTE, FSDP_AC_GRAPH_ID)
