@@ -146,7 +146,8 @@ def mark_ac_stages(
     sizes = [node_nbytes(n) for n in savable]
     total = sum(sizes)
     bw = backward_nodes(g)
-    alive = _alive_bytes(savable, sizes, order, bw)
+    spans = _forward_spans(savable, order, bw)
+    alive = _alive_bytes(spans, sizes)
     if not total:
         stage_bytes, points = 0, list[int]()
     elif size_opt == "auto":
@@ -154,7 +155,7 @@ def mark_ac_stages(
     else:
         stage_bytes = max(1, int(size_opt * _GIB))
         points = least_alive_points(alive, stage_cuts(sizes, stage_bytes))
-    to_save = _alive_at(savable, points, order, bw)
+    to_save = _alive_at(savable, spans, points)
     if size_opt == "auto":
         # A view shares its base's storage; "auto" tags the base, which partitioners save as a
         # tensor of its own (a MUST_SAVE view of a recomputed base was dropped: LLaMA-3 8B's one
@@ -202,33 +203,31 @@ def recompute_bytes(node: torch.fx.Node) -> int:
     return node_nbytes(node)
 
 
-def _last_forward_use(
-    n: torch.fx.Node, order: dict[torch.fx.Node, int], backward: set[torch.fx.Node]
-) -> int:
-    uses = [order[u] for u in n.users if u.op != "output" and u not in backward]
-    return max(uses, default=order[n])
+def _forward_spans(
+    savable: list[torch.fx.Node], order: dict[torch.fx.Node, int], backward: set[torch.fx.Node]
+) -> list[tuple[int, int]]:
+    """``(definition, last forward use)`` positions of each savable value, walked once.
 
-
-def _alive_bytes(
-    savable: list[torch.fx.Node],
-    sizes: list[int],
-    order: dict[torch.fx.Node, int],
-    backward: set[torch.fx.Node],
-) -> list[int]:
-    """Bytes of savable values alive at each savable value's position (same order as ``savable``).
-
-    A value is alive at forward position p when it is defined at or before p and a *forward*
-    node after p uses it: that set is exactly what resuming the forward from p needs, so saving
-    it lets the backward recompute everything after p from saved values alone. (Backward uses
-    do not keep a value alive here; recomputation serves them.)
+    A value is alive at forward position p when ``definition <= p < last forward use``: that set
+    is exactly what resuming the forward from p needs, so saving it lets the backward recompute
+    everything after p from saved values alone. (Backward uses do not keep a value alive here;
+    recomputation serves them.)
     """
+    spans = []
+    for n in savable:
+        uses = [order[u] for u in n.users if u.op != "output" and u not in backward]
+        spans.append((order[n], max(uses, default=order[n])))
+    return spans
+
+
+def _alive_bytes(spans: list[tuple[int, int]], sizes: list[int]) -> list[int]:
+    """Bytes of savable values alive at each savable value's position (``spans``' order)."""
     events: dict[int, int] = {}
-    for n, size in zip(savable, sizes, strict=True):
-        start, last = order[n], _last_forward_use(n, order, backward)
+    for (start, last), size in zip(spans, sizes, strict=True):
         if last > start and size:
             events[start] = events.get(start, 0) + size
             events[last] = events.get(last, 0) - size
-    positions = [order[n] for n in savable]
+    positions = [start for start, _ in spans]
     alive_at: dict[int, int] = {}
     running = 0
     wanted = set(positions)
@@ -240,17 +239,15 @@ def _alive_bytes(
 
 
 def _alive_at(
-    savable: list[torch.fx.Node],
-    points: list[int],
-    order: dict[torch.fx.Node, int],
-    backward: set[torch.fx.Node],
+    savable: list[torch.fx.Node], spans: list[tuple[int, int]], points: list[int]
 ) -> set[torch.fx.Node]:
-    """The savable values alive at each cut (indices into ``savable``; see ``_alive_bytes``)."""
-    spans = [(n, order[n], _last_forward_use(n, order, backward)) for n in savable]
+    """The savable values alive at each cut (indices into ``savable``)."""
     chosen: set[torch.fx.Node] = set()
     for point in points:
-        at = order[savable[point]]
-        chosen.update(n for n, first, last in spans if first <= at < last)
+        at = spans[point][0]
+        chosen.update(
+            n for n, (first, last) in zip(savable, spans, strict=True) if first <= at < last
+        )
     return chosen
 
 
