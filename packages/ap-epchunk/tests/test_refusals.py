@@ -128,3 +128,25 @@ def test_interleaved_regions(fake_graph: Any) -> None:
     gm = b.module(a2)
     err = _refuses(gm, ChunkConfig(module_patterns=("layers.*",)), "interleaved regions")
     assert err.node_name == "neg_default"
+    assert "Fix: leave 'layers.1' unchunked" in str(err)
+    assert "mark_chunk_dim" not in str(err)
+
+
+def test_interleaved_regions_sharing_a_creation_op_name_the_marks(fake_graph: Any) -> None:
+    """A buffer two regions share (a ``zeros`` serving the forward and the backward's
+    recomputation of a MoE under a min-cut first partition) is refused naming hinted marks
+    and leaving the region unchunked; an interleaving of computed values names the latter."""
+    aten = torch.ops.aten
+    b = fake_graph()
+    u = b.unbacked(8)
+    x = b.placeholder("x", b.fake(u, 3))
+    a0 = b.op(aten.relu.default, x, fqn="layers.0")
+    zeros = b.op(aten.full.default, [u, 3], 0.0, fqn="layers.1")
+    a1 = b.op(aten.add.Tensor, a0, zeros, fqn="layers.0")  # layers.0 reads it as a live-in
+    b1 = b.op(aten.mul.Tensor, a1, zeros, fqn="layers.1")
+    gm = b.module(b1)
+    err = _refuses(gm, ChunkConfig(module_patterns=("layers.*",)), "interleaved regions")
+    assert err.node_name == "full_default"
+    assert "creates a buffer two regions share" in str(err)
+    assert "Fix: mark the token inputs with ap_epchunk.mark_chunk_dim" in str(err)
+    assert "leave 'layers.1' unchunked" in str(err)

@@ -147,6 +147,27 @@ def _accumulation_position(
     return None
 
 
+def _interleaved_fix(node: torch.fx.Node) -> str:
+    """The fix an interleaving refusal names first when the shared value is a creation op (no
+    input nodes); every interleaving refusal then names leaving the region unchunked.
+
+    Measured on torchtitan's Qwen3-MoE (``precompile``, ``ChunkConfig.chunk_inputs`` names, AC
+    in the first compilation, loss outside the compiled step): one node, the router's ``zeros``
+    for ``scatter_add`` and likewise the experts' ``index_put`` buffer, serves the forward and the
+    backward's recomputation of the MoE, because without chunk marks ``precompile`` partitions
+    with min-cut, which recomputes. With the tokens marked, ``precompile`` keeps the chunk
+    route's ``default_partition``, and the same case with local experts trains like eager (the
+    zoo's EP route matrix)."""
+    if node.all_input_nodes:
+        return " Fix:"
+    return (
+        f" {node.name!r} creates a buffer two regions share, as a min-cut first partition that "
+        "recomputes the region in the backward leaves it. Fix: mark the token inputs with "
+        "ap_epchunk.mark_chunk_dim(t, 0, hint=t.shape[0]) before precompile (which then keeps "
+        "the chunk route's default_partition; no ChunkConfig.chunk_inputs), or"
+    )
+
+
 def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
     rp = RegionPlan(region.root, region.backward)
     body: set[torch.fx.Node] = set()
@@ -196,7 +217,9 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
             if node in plan.split_dim or node in plan.scalars:
                 raise ChunkError(
                     f"{where} computes a value an earlier-starting region already consumed as a "
-                    "live-in; interleaved regions are not supported",
+                    f"live-in; interleaved regions are not supported.{_interleaved_fix(node)} "
+                    f"leave {region.root!r} unchunked (ChunkConfig(module_patterns=...) without "
+                    "it, or num_chunks=1: ep_chunk=None)",
                     node,
                 )
             check_body_node(node, region.root, shapes)
