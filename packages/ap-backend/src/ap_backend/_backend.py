@@ -24,6 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import ap_bucketing
@@ -78,6 +79,23 @@ def described_input_count(graph: torch.fx.Graph) -> int | None:
     return len(indices)
 
 
+def _joint_key(options: BackendOptions) -> str:
+    """What identifies the backend's joint pass, for its partitioner's cache key (see
+    :class:`~ap_backend._partitioners.MeasuringPartitioner`): the AC and EP-chunk options, and
+    the code of the packages that run them (a changed pass must not be served its old graph).
+    Empty when no joint pass runs."""
+    if not options.enable_ac and options.ep_chunk is None:
+        return ""
+    packages = [ap_tags] if options.enable_ac else []
+    if options.ep_chunk is not None:
+        packages.append(ap_epchunk)
+    files = tuple(
+        sorted(str(f) for pkg in packages for f in Path(str(pkg.__file__)).parent.glob("*.py"))
+    )
+    code = _compat.hash_files(files).hex()
+    return repr((options.enable_ac, options.ac_stage_size_gib, options.ep_chunk, code))
+
+
 class AutoParallelBackend:
     """The callable returned by :func:`autoparallel_backend`. Besides compiling, it keeps what
     each compile decided, so tests and the demo read results without monkeypatching:
@@ -109,6 +127,7 @@ class AutoParallelBackend:
                 options.partitioner, self._on_partition_report, options.activation_budget_bytes
             ),
             self._on_saved,
+            joint_key=_joint_key(options),
         )
         self._persistent_patches = self._config_patches()
         self._ac_pass = (

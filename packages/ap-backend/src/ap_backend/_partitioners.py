@@ -47,11 +47,23 @@ class MeasuringPartitioner:
     cycles, and the callbacks here point back at the backend that holds this partitioner. So
     the pickled state is just the ``uuid()`` (what identifies the behaviour), and ``deepcopy``
     shares the live instance.
+
+    ``joint_key`` identifies the joint pass the backend runs before this partitioner (AC
+    staging, EP chunking): torch keys its FX-graph and AOTAutograd caches on this ``uuid()``
+    but leaves ``joint_custom_pass`` out of the key (``torch._functorch.config.
+    _save_config_ignore``), so without it a warm cache served a graph chunked in N = 2 to a
+    backend asked for N = 4, and its joint pass never ran (the EP route matrix, model kit).
     """
 
-    def __init__(self, inner: Partitioner, on_saved: Callable[[SavedSummary], None]) -> None:
+    def __init__(
+        self,
+        inner: Partitioner,
+        on_saved: Callable[[SavedSummary], None],
+        joint_key: str = "",
+    ) -> None:
         self.inner: Partitioner | None = inner
         self.on_saved = on_saved
+        self.joint_key = joint_key
         self._uuid: str | None = None
 
     def __call__(
@@ -65,12 +77,12 @@ class MeasuringPartitioner:
         return fw, bw
 
     def uuid(self) -> Any:
-        """Changes with the inner partitioner's uuid and with this file."""
+        """Changes with the inner partitioner's uuid, with this file and with ``joint_key``."""
         if self.inner is None:
             return self._uuid
         mine = _compat.hash_files((__file__,))
         inner = self.inner.uuid()
-        return hashlib.sha256(repr((mine, inner)).encode()).hexdigest()
+        return hashlib.sha256(repr((mine, inner, self.joint_key)).encode()).hexdigest()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"uuid": self.uuid()}
