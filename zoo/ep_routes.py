@@ -531,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="gloo timeout, seconds")
     parser.add_argument("--port", type=int, default=29650, help="the ranks' MASTER_PORT")
     args = parser.parse_args(argv)
+    # the ranks (spawned, so they import torch afresh) compile with Inductor's FX-graph and
+    # AOTAutograd caches off: a cache hit skips the backend's joint pass, and a row would then
+    # report no chunk pass for a graph a previous case chunked
+    os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+    os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
     cases = {"all": all_cases, "sample": pairwise_cases, "default": lambda: DEFAULT_CASES}[
         args.cases
     ]()
