@@ -147,9 +147,9 @@ def _accumulation_position(
     return None
 
 
-def _interleaved_fix(node: torch.fx.Node) -> str:
-    """The fix an interleaving refusal names first when the shared value is a creation op (no
-    input nodes); every interleaving refusal then names leaving the region unchunked.
+def _interleaved_fix(node: torch.fx.Node, root: str) -> str:
+    """The fix an interleaving refusal names: leaving the region unchunked, and first, when the
+    shared value is a creation op (no input nodes), the hinted marks.
 
     Measured on torchtitan's Qwen3-MoE (``precompile``, ``ChunkConfig.chunk_inputs`` names, AC
     in the first compilation, loss outside the compiled step): one node, the router's ``zeros``
@@ -159,12 +159,13 @@ def _interleaved_fix(node: torch.fx.Node) -> str:
     route's ``default_partition``, and the same case with local experts trains like eager (the
     zoo's EP route matrix)."""
     if node.all_input_nodes:
-        return " Fix:"
+        return f" Fix: {_leave_unchunked(root)}"
     return (
         f" {node.name!r} creates a buffer two regions share, as a min-cut first partition that "
         "recomputes the region in the backward leaves it. Fix: mark the token inputs with "
         "ap_epchunk.mark_chunk_dim(t, 0, hint=t.shape[0]) before precompile (which then keeps "
-        "the chunk route's default_partition; no ChunkConfig.chunk_inputs), or"
+        "the chunk route's default_partition; no ChunkConfig.chunk_inputs), or "
+        f"{_leave_unchunked(root)}"
     )
 
 
@@ -217,9 +218,8 @@ def _plan_body(region: Region, plan: Plan, shapes: ChunkShapes) -> RegionPlan:
             if node in plan.split_dim or node in plan.scalars:
                 raise ChunkError(
                     f"{where} computes a value an earlier-starting region already consumed as a "
-                    f"live-in; interleaved regions are not supported.{_interleaved_fix(node)} "
-                    f"leave {region.root!r} unchunked (ChunkConfig(module_patterns=...) without "
-                    "it, or num_chunks=1: ep_chunk=None)",
+                    "live-in; interleaved regions are not supported."
+                    + _interleaved_fix(node, region.root),
                     node,
                 )
             check_body_node(node, region.root, shapes)
@@ -357,10 +357,14 @@ def _remedy(rp: RegionPlan, shapes: ChunkShapes) -> str:
         if shapes.mode == "static"
         else ""
     )
-    leave = "or leave" if hinted else "Fix: leave"
+    return f".{hinted} {'or' if hinted else 'Fix:'} {_leave_unchunked(rp.root)}"
+
+
+def _leave_unchunked(root: str) -> str:
+    """The fix every region refusal can name: chunk without this region."""
     return (
-        f".{hinted} {leave} {rp.root!r} unchunked (ChunkConfig(module_patterns=...) without "
-        "it, or num_chunks=1: ep_chunk=None)"
+        f"leave {root!r} unchunked (ChunkConfig(module_patterns=...) without it, or "
+        "num_chunks=1: ep_chunk=None)"
     )
 
 
