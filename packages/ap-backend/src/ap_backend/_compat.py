@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from ap_tags import torch_support
+from ap_tags.graph import is_rng_op
 from ap_tags.scoped import ScopedPatch
 
 #: The torch versions ap-backend is tested on (the only place they are written).
@@ -354,27 +355,6 @@ def require_grouped_mm() -> None:
 # --------------------------------------------------------------------------- random ops
 
 
-def _is_rng_op_like_2_14(node: torch.fx.Node) -> bool:
-    """torch 2.14's ``partitioners.is_rng_op`` for a torch that lacks it (2.11-2.13): an op
-    tagged ``nondeterministic_seeded``, except one with a ``dropout_p`` argument that is the
-    literal 0 (zero-dropout SDPA draws no random numbers). Cited from torch 2.15
-    ``torch/_functorch/partitioners.py`` (``is_rng_op``, ``is_nonzero_dropout_sdpa``)."""
-    target: Any = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return False
-    if torch.Tag.nondeterministic_seeded not in target.tags:
-        return False
-    names = [arg.name for arg in target._schema.arguments]
-    if "dropout_p" not in names:
-        return True
-    idx = names.index("dropout_p")
-    if len(node.args) > idx:
-        value = node.args[idx]
-    else:
-        value = node.kwargs.get("dropout_p", target._schema.arguments[idx].default_value)
-    return not (isinstance(value, int | float) and not isinstance(value, bool) and value == 0)
-
-
 def _rng_rule_like_2_14() -> Callable[[], None]:
     mod: Any = SUPPORT.attrs(
         "torch._functorch.partitioners", ("has_recomputable_rng_ops", "must_recompute")
@@ -385,7 +365,7 @@ def _rng_rule_like_2_14() -> Callable[[], None]:
     must_recompute = mod.must_recompute
 
     def has_recomputable_rng_ops(fx_g: torch.fx.GraphModule) -> bool:
-        return any(must_recompute(n) and _is_rng_op_like_2_14(n) for n in fx_g.graph.nodes)
+        return any(must_recompute(n) and is_rng_op(n) for n in fx_g.graph.nodes)
 
     mod.has_recomputable_rng_ops = has_recomputable_rng_ops
 
@@ -400,8 +380,9 @@ def _rng_rule_like_2_14() -> Callable[[], None]:
 #: zero-dropout SDPA counts as random, so ``functionalize_rng_ops`` wraps it in
 #: ``run_and_save_rng_state``, and the second compile, retracing the first compilation's
 #: forward under ``FunctionalTensorMode``, fails: no torch registers a functionalization rule
-#: for that HOP. With the 2.14 rule the SDPA is recomputed as the deterministic op it is. A
-#: graph that recomputes a real random op keeps torch's behaviour. On 2.14+ a no-op.
+#: for that HOP. With the 2.14 rule (``ap_tags.graph.is_rng_op``, which carries it) the SDPA is
+#: recomputed as the deterministic op it is. A graph that recomputes a real random op keeps
+#: torch's behaviour. On 2.14+ a no-op.
 FIRST_PARTITION_RNG_RULE = ScopedPatch(
     "partitioners.has_recomputable_rng_ops = the 2.14 is_rng_op rule", _rng_rule_like_2_14
 )

@@ -24,7 +24,7 @@ from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
-from ap_tags import torch_support
+from ap_tags import is_fsdp_chain_all_gather, torch_support
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 #: The torch versions ap-epchunk is tested on (the only place they are written).
@@ -303,33 +303,19 @@ def fsdp_collective_predicates() -> tuple[Callable[[Any], bool], Callable[[Any],
     """torch's own FSDP predicates ``(is_fsdp_all_gather, is_fsdp_reduce_scatter_wait)``
     (``torch._inductor.fx_passes.fsdp``): an all-gather deriving from exactly one placeholder,
     a reduce-scatter wait flowing to the outputs through single-input ops. The FSDP placement
-    uses the same rules torch's FSDP bucketing filters on, not a copy of them."""
+    uses the same rules torch's FSDP bucketing filters on, not a copy of them.
+
+    torch 2.11 has no ``is_fsdp_all_gather`` (its bucketing filters on the narrower
+    ``is_fsdp_all_gather_wait``: a placeholder or one ``convert_element_type`` of it). There the
+    all-gather predicate is ap-tags' FSDP chain rule, :func:`ap_tags.is_fsdp_chain_all_gather`
+    (a placeholder through any single-input casts: the chains ap-tags' FSDP tagging tags), not
+    a copy of 2.15's: ap-bucketing holds the one carried copy, and ap-epchunk does not depend
+    on ap-bucketing."""
     module = "torch._inductor.fx_passes.fsdp"
     fsdp = SUPPORT.module(module)
     if hasattr(fsdp, "is_fsdp_all_gather") or hasattr(fsdp, "identify_fsdp_groups"):
         is_all_gather: Callable[[Any], bool] = SUPPORT.attr(module, "is_fsdp_all_gather")
     else:  # torch 2.11, which predates it
-        is_all_gather = _is_fsdp_all_gather
+        is_all_gather = is_fsdp_chain_all_gather
     is_rs_wait: Callable[[Any], bool] = SUPPORT.attr(module, "is_fsdp_reduce_scatter_wait")
     return is_all_gather, is_rs_wait
-
-
-def _is_fsdp_all_gather(n: torch.fx.Node) -> bool:
-    """torch 2.11 has no ``fsdp.is_fsdp_all_gather``; carried from torch 2.15
-    (``torch/_inductor/fx_passes/fsdp.py``): the all-gather derives from exactly one
-    placeholder, through any number of input branches."""
-    visited: set[torch.fx.Node] = set()
-    queue = list(n.all_input_nodes)
-    placeholders = 0
-    while queue:
-        node = queue.pop()
-        if node in visited:
-            continue
-        visited.add(node)
-        if node.op == "placeholder":
-            placeholders += 1
-            if placeholders > 1:
-                return False
-        else:
-            queue.extend(node.all_input_nodes)
-    return placeholders == 1

@@ -31,8 +31,10 @@ since the previous collective (the re-gathers of the attention or output layer a
 
 What counts as FSDP (torch's own FSDP bucketing predicates, ``fx_passes/fsdp.py``, called): an
 all-gather whose input derives from exactly one placeholder (a parameter shard, through casts),
-or that ``ap_tags.mark_fsdp_all_gather_recomputation`` tagged; a reduce-scatter whose wait flows
-to the graph's outputs through single-input ops only (a gradient leaving the step).
+or that ``ap_tags.mark_fsdp_all_gather_recomputation`` tagged (on torch 2.11, which has no
+``is_fsdp_all_gather``: one it would tag, ``ap_tags.is_fsdp_chain_all_gather``); a
+reduce-scatter whose wait flows to the graph's outputs through single-input ops only (a
+gradient leaving the step).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 from ap_tags import torch_support
-from ap_tags.graph import op_overload
+from ap_tags.graph import is_rng_op, op_overload
 
 #: The torch versions ap-partitioner is tested on (the only place they are written).
 TESTED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
@@ -251,25 +251,6 @@ def trace_artifact(name: str, payload_fn: Callable[[], str]) -> None:
 # --------------------------------------------------------------------------- random ops
 
 
-def _dropout_statically_zero(node: fx.Node) -> bool:
-    """An SDPA-family op whose ``dropout_p`` argument is the literal 0 (2.13 has no
-    ``is_rng_op`` to ask)."""
-    target = op_overload(node)
-    if target is None:
-        return False
-    names = [arg.name for arg in target._schema.arguments]
-    if "dropout_p" not in names:
-        return False
-    idx = names.index("dropout_p")
-    if len(node.args) > idx:
-        value = node.args[idx]
-    elif "dropout_p" in node.kwargs:
-        value = node.kwargs["dropout_p"]
-    else:
-        value = target._schema.arguments[idx].default_value
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
-
-
 def no_fake_mode() -> Any:
     """A context without the active fake mode (``unset_fake_temporarily``): the budget's FLOP
     formulas build plain meta tensors, which inside a compile would otherwise be fakified."""
@@ -288,17 +269,15 @@ def flop_formula(op: Any) -> Any | None:
 def is_random(node: fx.Node) -> bool:
     """An op whose recomputation would draw different random numbers.
 
-    Decided as torch's partitioners decide it (``partitioners.is_rng_op``, 2.14+): the
-    ``nondeterministic_seeded`` tag, except for SDPA-family ops whose ``dropout_p`` is known to
-    be 0 -- the tag is on the op (it *may* use dropout), but with no dropout flash attention is
-    deterministic and torch recomputes it freely (the first compilation's backward may do so).
+    Decided as torch's partitioners decide it (:func:`ap_tags.graph.is_rng_op`: their
+    ``is_rng_op``, 2.14+, or its 2.14 rule on an older torch): the ``nondeterministic_seeded``
+    tag, except for SDPA-family ops whose ``dropout_p`` is known to be 0 -- the tag is on the op
+    (it *may* use dropout), but with no dropout flash attention is deterministic and torch
+    recomputes it freely (the first compilation's backward may do so). A higher-order op counts
+    when it carries ``_nondeterministic_seeded``.
     """
     if node.op != "call_function":
         return False
-    target = op_overload(node)
-    if target is None:  # (an OpOverload mirrors its tags here)
+    if op_overload(node) is None:  # (an OpOverload mirrors its tags here)
         return bool(getattr(node.target, "_nondeterministic_seeded", False))
-    torch_rule = getattr(partitioners(), "is_rng_op", None)
-    if torch_rule is not None:
-        return bool(torch_rule(node))
-    return torch.Tag.nondeterministic_seeded in target.tags and not _dropout_statically_zero(node)
+    return is_rng_op(node)  # torch's rule, carried from 2.14 where torch lacks it (ap-tags)

@@ -44,7 +44,12 @@ from ._compat import SUPPORT as _TORCH_SUPPORT
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._compiler import InterpretedGraph, preserve_meta_compiler
 from ._errors import TagError, TagSchemaError
-from ._fsdp import FsdpChain, FsdpTagReport, mark_fsdp_all_gather_recomputation
+from ._fsdp import (
+    FsdpChain,
+    FsdpTagReport,
+    is_fsdp_chain_all_gather,
+    mark_fsdp_all_gather_recomputation,
+)
 from ._keys import (
     AC_GRAPH_ID,
     CHUNK_GLUE,
@@ -107,6 +112,7 @@ __all__ = [
     "custom_meta",
     "infer_num_fwd_outputs",
     "mark_ac_stages",
+    "is_fsdp_chain_all_gather",
     "is_must_save",
     "mark_fsdp_all_gather_recomputation",
     "mark_must_save",

@@ -50,6 +50,13 @@ def op_overload_type() -> type:
     return op_type
 
 
+def partitioners_is_rng_op() -> Any | None:
+    """torch's ``partitioners.is_rng_op`` (``torch._functorch.partitioners``, 2.14+: is this
+    node's seeded nondeterminism not statically ruled out?), or None on a torch that predates
+    it (2.11-2.13)."""
+    return getattr(SUPPORT.module("torch._functorch.partitioners"), "is_rng_op", None)
+
+
 @functools.cache
 def functional_collective_ops() -> tuple[Any, Any, Any | None]:
     """``(all_gather_into_tensor.default, wait_tensor.default, wait_tensors.default | None)``.

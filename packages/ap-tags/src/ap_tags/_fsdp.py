@@ -150,6 +150,20 @@ def _branch_ends(chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return [n for n in chain if not any(u in members for u in n.users)]
 
 
+def is_fsdp_chain_all_gather(node: torch.fx.Node) -> bool:
+    """``node`` is an all-gather that :func:`mark_fsdp_all_gather_recomputation` finds as an
+    FSDP chain, whatever its tags: an ``all_gather_into_tensor`` of a placeholder (a parameter
+    shard) or of a chain of single-input ops (casts) from one, completed by a wait of its own
+    (``wait_tensor``, or a ``wait_tensors`` of it alone). Reads the graph only."""
+    all_gather_op, wait_op, wait_many_op = functional_collective_ops()
+    return (
+        node.op == "call_function"
+        and node.target is all_gather_op
+        and _cast_chain_to_placeholder(node) is not None
+        and bool(_wait_of(node, wait_op, wait_many_op))
+    )
+
+
 def mark_fsdp_all_gather_recomputation(
     graph: torch.fx.Graph | torch.fx.GraphModule, reshard_after_forward: bool = True
 ) -> FsdpTagReport:

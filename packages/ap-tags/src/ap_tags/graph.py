@@ -43,6 +43,7 @@ __all__ = [
     "is_getitem",
     "is_multi_output",
     "is_reduce_scatter",
+    "is_rng_op",
     "is_tangent",
     "is_wait",
     "node_nbytes",
@@ -270,6 +271,43 @@ def is_pass_created(node: torch.fx.Node) -> bool:
         and "partitioner_tag" not in node.meta
         and "autograd_backward" not in node.meta
     )
+
+
+# --------------------------------------------------------------------------- random ops
+
+
+def is_rng_op(node: torch.fx.Node) -> bool:
+    """Running the op again would draw other random numbers, as torch's partitioners decide it:
+    their own ``is_rng_op`` where torch has it (2.14+); on an older torch (2.11-2.13) its 2.14
+    rule, cited from torch 2.15 ``torch/_functorch/partitioners.py`` (``is_rng_op``,
+    ``is_nonzero_dropout_sdpa``): an op tagged ``nondeterministic_seeded``, except one with a
+    ``dropout_p`` argument that is the literal 0. The tag is on the SDPA family because it *may*
+    use dropout; without it, flash attention is deterministic and recomputable.
+
+    The one definition of this rule in the workspace: ap-partitioner's save rules and budget,
+    and ap-backend's first partition on a torch without ``is_rng_op`` decide by it."""
+    torch_rule = _compat.partitioners_is_rng_op()
+    if torch_rule is not None:
+        return bool(torch_rule(node))
+    target = op_overload(node)
+    if target is None or torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    return not _dropout_statically_zero(node, target)
+
+
+def _dropout_statically_zero(node: torch.fx.Node, target: Any) -> bool:
+    """``node`` (calling ``target``) has a ``dropout_p`` argument that is the literal 0."""
+    names = [arg.name for arg in target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    idx = names.index("dropout_p")
+    if len(node.args) > idx:
+        value = node.args[idx]
+    elif "dropout_p" in node.kwargs:
+        value = node.kwargs["dropout_p"]
+    else:
+        value = target._schema.arguments[idx].default_value
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
 
 
 # --------------------------------------------------------------------------- sizes

@@ -18,6 +18,7 @@ import ap_tags
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from ap_tags.graph import is_rng_op
 
 __all__ = ["CapturedJoint", "First", "FirstCompiled", "first_compile", "second_compile"]
 
@@ -156,8 +157,8 @@ def second_compile(
 def _rng_rule_like_2_14() -> Iterator[None]:
     """What ap-backend's first compilation does (``ap_backend._compat.FIRST_PARTITION_RNG_RULE``)
     on a torch without ``partitioners.is_rng_op`` (2.11-2.13): decide "recomputes a random op"
-    by 2.14's rule, so an AC-recomputed zero-dropout SDPA is not wrapped in
-    ``run_and_save_rng_state`` (which the second compile cannot retrace)."""
+    by 2.14's rule (``ap_tags.graph.is_rng_op``), so an AC-recomputed zero-dropout SDPA is not
+    wrapped in ``run_and_save_rng_state`` (which the second compile cannot retrace)."""
     import torch._functorch.partitioners as partitioners
 
     if hasattr(partitioners, "is_rng_op"):
@@ -165,21 +166,8 @@ def _rng_rule_like_2_14() -> Iterator[None]:
         return
     old = partitioners.has_recomputable_rng_ops
 
-    def random(n: fx.Node) -> bool:
-        target: Any = n.target
-        if n.op != "call_function" or not hasattr(target, "_schema"):
-            return False
-        if torch.Tag.nondeterministic_seeded not in target.tags:
-            return False
-        names = [a.name for a in target._schema.arguments]
-        if "dropout_p" not in names:
-            return True
-        i = names.index("dropout_p")
-        p = n.args[i] if len(n.args) > i else n.kwargs.get("dropout_p", 0.0)
-        return not (isinstance(p, int | float) and p == 0)
-
     def has_recomputable_rng_ops(fx_g: fx.GraphModule) -> bool:
-        return any(partitioners.must_recompute(n) and random(n) for n in fx_g.graph.nodes)
+        return any(partitioners.must_recompute(n) and is_rng_op(n) for n in fx_g.graph.nodes)
 
     partitioners.has_recomputable_rng_ops = has_recomputable_rng_ops
     try:
