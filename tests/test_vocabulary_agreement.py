@@ -11,7 +11,7 @@ the few concepts it needs (``docs/architecture.md``, "Shared vocabulary and conv
 * ``UnsupportedTorchError``, ``TESTED_TORCH`` and the newer-torch warning
   (``_compat.untested_message`` / ``warn_if_untested``) vs ``ap_tags.torch_support``;
 * argument-check messages (``_checks``) vs ``ap_tags.checks``;
-* "this op's output is a view of its input" (``_out_writes.is_view``, which keeps reads of an
+* "this op's output is a view of its input" (``_hazards.is_view``, which keeps reads of an
   ``out=`` buffer after its write) vs ``ap_tags.graph.aliases_input``.
 
 Each test compares both sides on the same input, so a change to either side that makes them
@@ -32,7 +32,7 @@ import ap_tags
 import pytest
 import torch
 import torch.fx as fx
-from ap_bucketing import _checks, _compat, _metrics, _out_writes, _sizes
+from ap_bucketing import _checks, _compat, _hazards, _metrics, _sizes
 from ap_tags import checks, graph, torch_support
 from ap_testing.collectives import GraphBuilder, RandomCollectiveGraph, random_collective_graphs
 from hypothesis import HealthCheck, given, settings
@@ -123,7 +123,7 @@ def test_view_predicates_agree_on_a_traced_graph() -> None:
     gm = torch.fx.experimental.proxy_tensor.make_fx(_many_views)(torch.randn(8, 8))
     views = set()
     for node in gm.graph.nodes:
-        ours = _out_writes.is_view(node)
+        ours = _hazards.is_view(node)
         assert ours == graph.aliases_input(node), node.format_node()
         if ours:
             views.add(getattr(node.target, "__name__", str(node.target)).split(".")[0])

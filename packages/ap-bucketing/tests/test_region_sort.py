@@ -139,7 +139,7 @@ def test_other_assertion_errors_still_propagate(
     def broken(graph: fx.Graph, edges: object) -> int:
         raise AssertionError("something else")
 
-    monkeypatch.setattr(overlap, "restore_out_write_order", broken)
+    monkeypatch.setattr(overlap, "restore_order", broken)
     with pytest.raises(AssertionError, match="something else"):
         OverlapBucketingPass(BucketingConfig(**CONFIG), cpu=True, reorder=False)(gm.graph)
 

@@ -48,7 +48,7 @@ class BucketingConfig:
             in 0.92x stock Inductor's time instead of 2.63x (benchmarks/RESULTS.md, section 7).
             Its unpack fills each member with an ``out=`` copy that the member's readers have
             no data edge to; torch's overlap scheduler hoisted such reads above the copy (NaN
-            losses), which ``OverlapBucketingPass`` undoes (``_out_writes.py``). ``"default"``
+            losses), which ``OverlapBucketingPass`` undoes (``_hazards.py``). ``"default"``
             (one copy kernel per member, all visible to Inductor) is for a pipeline that runs
             torch's overlap scheduler or another reordering pass on the bucketed graph *without*
             ``OverlapBucketingPass``: nothing else restores the ``out=`` order there.

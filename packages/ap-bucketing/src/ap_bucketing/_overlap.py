@@ -29,9 +29,17 @@ from . import _compat
 from ._checks import require_bool, require_instance, require_node
 from ._config import BucketingConfig, resolve_config
 from ._contiguous import contiguous_bucket_inputs
+from ._hazards import (
+    HazardCycle,
+    fill_edges,
+    hazard_edges,
+    reads_written_storage,
+    restore_order,
+    storage_roots,
+    written_storages,
+)
 from ._metrics import max_consec_compute_between_rs
-from ._out_writes import out_write_edges, restore_out_write_order
-from ._patching import only_groups, patched
+from ._patching import excluding, only_groups, patched
 from ._replicate import (
     bucket_gradient_all_reduces,
     fsdp_groups_for,
@@ -172,8 +180,9 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         merged_waits = merge_duplicate_waits(graph)  # torch's bucketers assume one per collective
         made_contiguous = contiguous_bucket_inputs(graph)  # torch 2.11/2.12 pack with view
         skipped: str | None = None
+        excluded: list[str] = []
         try:
-            moved, replicate_merged = self._bucket_and_schedule(gm)
+            moved, replicate_merged, excluded = self._bucket_and_schedule(gm)
         except AssertionError as exc:
             if _compat.REGION_SORT_FAILURE not in str(exc):
                 raise
@@ -186,13 +195,19 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 f"torchtitan#4047; {where}): graph left unbucketed"
             )
             log.warning("%s: %s", _PASS, skipped)
+        except HazardCycle as exc:
+            restore(graph, saved)
+            moved = replicate_merged = 0
+            skipped = f"{exc}: graph left unbucketed and in its original order"
+            log.warning("%s: %s", _PASS, skipped)
         after = max_consec_compute_between_rs(graph)
         counts_after = collective_counts(graph)
         counts = {kind: (count, counts_after[kind]) for kind, count in counts_before.items()}
         self.reports.append(
             {
                 "max_consec_compute_between_rs": (before, after),
-                "out_write_reorders": moved,
+                "hazard_reorders": moved,
+                "unbucketed_reading_written_storage": excluded,
                 "replicate_all_reduces_merged": replicate_merged,
                 "skipped": skipped,
                 "collectives": counts,
@@ -202,7 +217,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         )
         log.info(
             "OverlapBucketingPass: %s; max_consec_compute_between_rs %d -> %d (reorder=%s, "
-            "cpu=%s, nodes moved back after out= writes: %d)",
+            "cpu=%s, nodes moved back into in-place write order: %d)",
             ", ".join(f"{kind} {b} -> {a}" for kind, (b, a) in counts.items()),
             before,
             after,
@@ -211,18 +226,32 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             moved,
         )
 
-    def _bucket_and_schedule(self, gm: fx.GraphModule) -> tuple[int, int]:
+    def _bucket_and_schedule(self, gm: fx.GraphModule) -> tuple[int, int, list[str]]:
         """Torch's FSDP pre-bucketing (+ replicate all-reduces), then scheduling or a sort;
-        ``(nodes moved back after out= writes, replicate all-reduces merged)``."""
+        ``(nodes moved back into write order, replicate all-reduces merged, collectives left
+        unbucketed because they read a storage written in place)``.
+
+        Both reorderings and torch's merge see data edges only: the in-place write order
+        (``_hazards.py``) is recorded on the graph as given -- its order is its meaning --
+        and on the merged graph for the nodes the merge added (the ``"custom_ops"`` unpack's
+        ``out=`` copies), then restored after scheduling; a contradiction raises
+        ``HazardCycle`` and the caller restores the original graph."""
         graph = gm.graph
         replicate_merged = 0
-        with patched(self.config), cpu_overlap_estimators(self.cpu):
+        original = set(graph.nodes)
+        edges = hazard_edges(graph)
+        excluded = _reading_written_storage(graph)
+        with patched(self.config), cpu_overlap_estimators(self.cpu), excluding(excluded):
             kwargs = self.schedule_kwargs()
             pre_bucket = _compat.pre_bucket_fsdp_collectives()
             if kwargs.pop("pre_bucketing_fsdp_collectives"):
                 fsdp_groups = fsdp_groups_for(gm, self.config)  # before merging changes counts
                 # before pre-bucketing packs their consumers (reduce-scatters) into buckets
-                gradient_waits = gradient_all_reduce_waits(gm, fsdp_groups)
+                gradient_waits = {
+                    w
+                    for w in gradient_all_reduce_waits(gm, fsdp_groups)
+                    if w.args[0] not in excluded
+                }
                 # torch identifies the FSDP groups, then buckets every FSDP-shaped all-gather
                 # and reduce-scatter of the graph: keep another mesh dim's (TP) out of it
                 with only_groups(fsdp_groups):
@@ -235,9 +264,6 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 replicate_merged = bucket_gradient_all_reduces(
                     gm, fsdp_groups, self.config, gradient_waits
                 )
-            # both reorderings below see data edges only; a "custom_ops" bucket's members are
-            # filled by an out= copy that their readers have no edge to (_out_writes.py)
-            edges = out_write_edges(graph)
             if self.reorder:
                 schedule = _compat.schedule_overlap_bucketing()
                 kwargs["pre_bucketing_fsdp_collectives"] = False  # done above
@@ -247,8 +273,11 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 # Merging leaves consumers of early members ahead of the merged collective;
                 # the scheduler would reorder them, so without it sort here.
                 _compat.stable_topological_sort(graph)
-            moved = restore_out_write_order(graph, edges)
-        return moved, replicate_merged
+            # the merges' own writes (pre-bucketing's and the scheduler's: it buckets too): a
+            # "custom_ops" bucket's members are filled by an out= copy their readers have no
+            # edge to
+            moved = restore_order(graph, edges + fill_edges(graph, original))
+        return moved, replicate_merged, sorted(n.name for n in excluded)
 
     def uuid(self) -> str:
         """Changes whenever the config, the pass options or this package's code change."""
@@ -308,6 +337,39 @@ def _check_schedule_overrides(overrides: dict[str, object]) -> None:
                 f"{_PASS}: {name!r} is not an option of torch's schedule_overlap_bucketing "
                 f"(accepted: {', '.join(sorted(accepted))})"
             )
+
+
+def _reading_written_storage(graph: fx.Graph) -> set[fx.Node]:
+    """The collectives that read, directly or through the single-input chain torch's merge
+    absorbs into a bucket's pack (a parameter's cast), a storage the graph writes in place:
+    bucketed, the pack would read it at another point of the write order."""
+    written = written_storages(graph)
+    if not written:
+        return set()
+    roots = storage_roots(graph)
+    found: set[fx.Node] = set()
+    for target in _compat.sizable_collective_ops():
+        for coll in graph.find_nodes(op="call_function", target=target):
+            node = coll
+            for _ in range(_CHAIN_LIMIT):
+                if reads_written_storage(node, roots, written):
+                    found.add(coll)
+                    break
+                inputs = node.all_input_nodes
+                if len(inputs) != 1:
+                    break
+                node = inputs[0]
+    if found:
+        log.info(
+            "%s: %d collectives read a storage the graph writes in place; left unbucketed: %s",
+            _PASS,
+            len(found),
+            ", ".join(sorted(n.name for n in found)[:8]),
+        )
+    return found
+
+
+_CHAIN_LIMIT = 16
 
 
 def _check_sizable(graph: fx.Graph) -> None:

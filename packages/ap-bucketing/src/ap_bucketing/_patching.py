@@ -75,16 +75,37 @@ def only_groups(groups: Collection[Hashable]) -> Iterator[None]:
         _only_groups.reset(token)
 
 
+#: While set (``excluding``), the patched greedy bucketer never buckets these collectives:
+#: ``OverlapBucketingPass`` names the ones that read a storage the graph writes in place (a
+#: bucket's pack would read it at another point of the write order than the collective did).
+_excluded: contextvars.ContextVar[frozenset[fx.Node]] = contextvars.ContextVar(
+    "ap_bucketing_excluded", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def excluding(nodes: Collection[fx.Node]) -> Iterator[None]:
+    """Within the block, the patched greedy bucketer leaves ``nodes`` unbucketed."""
+    token = _excluded.set(frozenset(nodes))
+    try:
+        yield
+    finally:
+        _excluded.reset(token)
+
+
 def _restricted(filter_node: Callable[[fx.Node], bool]) -> Callable[[fx.Node], bool]:
     groups = _only_groups.get()
-    if groups is None:
+    excluded = _excluded.get()
+    if groups is None and not excluded:
         return filter_node
     _, group_name, _ = _compat.fsdp_all_gather_helpers()
 
-    def in_groups(node: fx.Node) -> bool:
-        return bool(filter_node(node)) and group_name(node) in groups
+    def allowed(node: fx.Node) -> bool:
+        if node in excluded or not filter_node(node):
+            return False
+        return groups is None or group_name(node) in groups
 
-    return in_groups
+    return allowed
 
 
 def current_config() -> BucketingConfig | None:
