@@ -1,0 +1,231 @@
+"""torchtitan's own trainer (``torchtitan.train``) on CPU ranks with gloo: the test-only swaps.
+
+::
+
+    uv run torchrun --standalone --nproc-per-node 2 -m zoo.graph_trainer \\
+        --module ap_bucketing.torchtitan.llama3 --config graph_trainer_llama3_debugmodel_sdpa \\
+        --compile.pass_pipeline ap --training.steps 2 ...
+
+runs ``torchtitan.train.main()`` unchanged, after three things a CPU machine lacks:
+
+* **a device.** torchtitan falls back to ``"cuda"`` when no accelerator is available
+  (``torchtitan/tools/utils.py``), and several modules import ``device_type`` /
+  ``device_module`` by name. :func:`use_cpu` points all of them at ``"cpu"`` and a small
+  stand-in for ``torch.cuda``'s memory statistics (:class:`_CpuDeviceModule`), and makes
+  torchtitan's distributed init pick gloo;
+* **a tokenizer.** The debug configs read ``./tests/assets/tokenizer`` (a path inside
+  torchtitan's repository, not in its wheel): :func:`write_assets` generates a word-level
+  ``tokenizer.json`` from the ``tokenizers`` library there, with the BOS/EOS tokens the
+  trainer expects;
+* **data.** ``c4_test`` reads ``tests/assets/c4_test``: :func:`write_assets` writes a
+  200-line JSON dataset of generated sentences there.
+
+Assets are written below the working directory (only when missing), so run it from a scratch
+directory. Nothing here is downloaded. This module is a harness for tests and the README's
+CPU command; on a GPU machine the same arguments go to ``-m torchtitan.train`` directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "use_cpu", "write_assets"]
+
+#: Words of the generated corpus; the tokenizer's vocabulary is these plus the specials.
+_WORDS = (
+    "the a of to and in is was for on that with as by at from it an be this which or are "
+    "his her their its had has have were not but one all two can more been first new other "
+    "time year people way day man thing woman life child world school state family student "
+    "group country problem hand part place case week company system program question work "
+    "government number night point home water room mother area money story fact month lot "
+    "right study book eye job word business issue side kind head house service friend father "
+    "power hour game line end member law car city community name president team minute idea "
+    "kid body information back parent face others level office door health person art war "
+    "history party result change morning reason research girl guy moment air teacher force "
+    "education foot boy age policy process music market sense nation plan college interest "
+    "death experience effect use class control care field development role effort rate heart "
+    "drug show leader light voice wife police mind price report decision son view relationship"
+).split()
+_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<unk>")
+
+
+def write_assets(root: str | os.PathLike[str] = ".", *, lines: int = 200, seed: int = 0) -> Path:
+    """Write ``tests/assets/tokenizer`` and ``tests/assets/c4_test`` below ``root`` (each only
+    when missing); returns ``root/tests/assets``."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    assets = Path(root) / "tests" / "assets"
+    tok_dir = assets / "tokenizer"
+    if not (tok_dir / "tokenizer.json").exists():
+        tok_dir.mkdir(parents=True, exist_ok=True)
+        vocab = {word: i for i, word in enumerate((*_SPECIALS, *_WORDS))}
+        tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+        tokenizer.pre_tokenizer = Whitespace()  # type: ignore[assignment]
+        tokenizer.save(str(tok_dir / "tokenizer.json"))
+        config = {
+            "bos_token": _SPECIALS[0],
+            "eos_token": _SPECIALS[1],
+            "unk_token": _SPECIALS[2],
+            "add_bos_token": True,
+            "add_eos_token": True,
+        }
+        (tok_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    data_dir = assets / "c4_test"
+    data_file = data_dir / "c4_sample.json"
+    if not data_file.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(seed)
+        rows = (
+            json.dumps({"text": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(60, 400)))})
+            for _ in range(lines)
+        )
+        data_file.write_text("\n".join(rows) + "\n")
+    return assets
+
+
+class _CpuDeviceModule:
+    """The part of ``torch.cuda`` torchtitan's trainer calls, for the CPU: device queries
+    answer for one CPU device, memory statistics are zeros (the CPU allocator keeps none)."""
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        del device
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        del device
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        del device
+        return "cpu"
+
+    @staticmethod
+    def get_device_properties(device: Any = None) -> Any:
+        from types import SimpleNamespace
+
+        del device
+        return SimpleNamespace(total_memory=1 << 40, name="cpu")
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        del device
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        del device
+        return {
+            "active_bytes.all.peak": 0,
+            "active_bytes.all.current": 0,
+            "reserved_bytes.all.peak": 0,
+            "reserved_bytes.all.current": 0,
+            "num_alloc_retries": 0,
+            "num_ooms": 0,
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch.cpu, name)
+
+
+def use_cpu() -> None:
+    """Point torchtitan's device detection at the CPU, in every module that copied it."""
+    import importlib
+
+    import torchtitan.tools.utils as utils
+
+    module = _CpuDeviceModule()
+    utils.device_type = "cpu"
+    utils.device_module = module  # type: ignore[assignment]
+    for name in (
+        "torchtitan.components.metrics",
+        "torchtitan.distributed.utils",
+        "torchtitan.distributed.parallel_dims",
+        "torchtitan.models.common.token_dispatcher",
+        "torchtitan.tools.profiler",
+    ):
+        mod = importlib.import_module(name)
+        if hasattr(mod, "device_type"):
+            mod.device_type = "cpu"
+        if hasattr(mod, "device_module"):
+            mod.device_module = module
+
+
+#: Set to a directory to have every rank save its loss and every parameter's gradient after
+#: each ``forward_backward_step`` (before clipping and the optimizer), as
+#: ``rank<R>_step<S>.pt``: ``{"loss": float, "grads": {fqn: local shard}}``.
+DUMP_ENV = "ZOO_GRAPH_TRAINER_DUMP"
+
+
+def dump_gradients(directory: str) -> None:
+    """Wrap ``GraphTrainer.forward_backward_step`` to save the loss and the gradients."""
+    import torch
+    import torch.distributed as dist
+    from torchtitan.experiments.graph_trainer.trainer import GraphTrainer
+
+    original = GraphTrainer.forward_backward_step
+    steps: dict[int, int] = {}
+
+    def forward_backward_step(self: Any, **kwargs: Any) -> Any:
+        loss = original(self, **kwargs)
+        step = steps[id(self)] = steps.get(id(self), 0) + 1
+        grads: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()
+        for part in self.model_parts:
+            for fqn, param in part.named_parameters():
+                grad = param.grad
+                if grad is None:
+                    continue
+                local = grad.to_local() if hasattr(grad, "to_local") else grad
+                storages.add(local.untyped_storage().data_ptr())
+                grads[fqn] = local.detach().clone()
+        record = {"loss": float(loss.detach()), "grads": grads, "grad_storages": len(storages)}
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        torch.save(record, Path(directory) / f"rank{rank}_step{step}.pt")
+        return loss
+
+    GraphTrainer.forward_backward_step = forward_backward_step  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``torchtitan.train.main()`` on CPU ranks, with generated assets in the working dir."""
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    write_assets(".")
+    use_cpu()
+    if os.environ.get(DUMP_ENV):
+        dump_gradients(os.environ[DUMP_ENV])
+    import torchtitan.train
+
+    torchtitan.train.main()
+
+
+if __name__ == "__main__":
+    main()
