@@ -34,7 +34,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "use_cpu", "write_assets"]
+__all__ = [
+    "graph_trainer_deepseek_v3_debugmodel_sdpa",
+    "graph_trainer_qwen3_debugmodel_moe_sdpa",
+    "main",
+    "use_cpu",
+    "write_assets",
+]
 
 #: Words of the generated corpus; the tokenizer's vocabulary is these plus the specials.
 _WORDS = (
@@ -181,6 +187,22 @@ def use_cpu() -> None:
 DUMP_ENV = "ZOO_GRAPH_TRAINER_DUMP"
 
 
+def _graph_facts(traced: Any) -> dict[str, Any]:
+    """What the trained graph looks like after the passes: its collectives by kind, the
+    all-gathered bytes it holds at once in its order, and ap-bucketing's report if it ran."""
+    gm = getattr(traced, "gm", None)
+    if gm is None or not hasattr(gm, "graph"):
+        return {}
+    from ap_bucketing import max_gathered_bytes
+    from ap_bucketing._overlap import collective_counts
+
+    return {
+        "collectives": collective_counts(gm.graph),
+        "max_gathered_bytes": max_gathered_bytes(gm.graph),
+        "ap_bucketing": dict(gm.meta.get("ap_bucketing", {})),
+    }
+
+
 def dump_gradients(directory: str) -> None:
     """Wrap ``GraphTrainer.forward_backward_step`` to save the loss and the gradients."""
     import torch
@@ -203,13 +225,51 @@ def dump_gradients(directory: str) -> None:
                 local = grad.to_local() if hasattr(grad, "to_local") else grad
                 storages.add(local.untyped_storage().data_ptr())
                 grads[fqn] = local.detach().clone()
-        record = {"loss": float(loss.detach()), "grads": grads, "grad_storages": len(storages)}
+        record = {
+            "loss": float(loss.detach()),
+            "grads": grads,
+            "grad_storages": len(storages),
+            **_graph_facts(getattr(self, "_traced_step", None)),
+        }
         rank = dist.get_rank() if dist.is_initialized() else 0
         Path(directory).mkdir(parents=True, exist_ok=True)
         torch.save(record, Path(directory) / f"rank{rank}_step{step}.pt")
         return loss
 
     GraphTrainer.forward_backward_step = forward_backward_step  # type: ignore[method-assign]
+
+
+# graph_trainer's MoE debug configs on the SDPA backend (its default FlexAttention has no CPU
+# backward); ``--module zoo.graph_trainer --config <name>``. The ``"ap"`` pipeline is registered
+# with them, as ``--module ap_bucketing.torchtitan.<model>`` registers it.
+
+
+def graph_trainer_qwen3_debugmodel_moe_sdpa() -> Any:
+    """graph_trainer's ``graph_trainer_qwen3_debugmodel_moe`` with SDPA attention."""
+    from ap_bucketing.torchtitan import register_pipeline
+    from torchtitan.experiments.graph_trainer.qwen3 import model_registry
+    from torchtitan.experiments.graph_trainer.qwen3.config_registry import (
+        graph_trainer_qwen3_debugmodel_moe,
+    )
+
+    register_pipeline()
+    config = graph_trainer_qwen3_debugmodel_moe()
+    config.model_spec = model_registry("debugmodel_moe", attn_backend="sdpa")
+    return config
+
+
+def graph_trainer_deepseek_v3_debugmodel_sdpa() -> Any:
+    """graph_trainer's ``graph_trainer_deepseek_v3_debugmodel`` with SDPA attention."""
+    from ap_bucketing.torchtitan import register_pipeline
+    from torchtitan.experiments.graph_trainer.deepseek_v3 import model_registry
+    from torchtitan.experiments.graph_trainer.deepseek_v3.config_registry import (
+        graph_trainer_deepseek_v3_debugmodel,
+    )
+
+    register_pipeline()
+    config = graph_trainer_deepseek_v3_debugmodel()
+    config.model_spec = model_registry("debugmodel", attn_backend="sdpa")
+    return config
 
 
 def main(argv: list[str] | None = None) -> None:

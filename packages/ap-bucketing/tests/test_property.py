@@ -50,8 +50,22 @@ def _wait(b: GraphBuilder, ag: fx.Node) -> fx.Node:
     return w
 
 
+def _source(coll: fx.Node) -> fx.Node | None:
+    """The placeholder behind ``coll`` through single-input non-collective ops, if any."""
+    node = coll
+    while len(node.all_input_nodes) == 1:
+        node = node.all_input_nodes[0]
+        if node.op == "placeholder":
+            return node
+        if "_c10d_functional" in str(node.target):
+            return None
+    return None
+
+
 def _reference(gm: fx.GraphModule, cfg: BucketingConfig, cap: int) -> list[list[str]]:
-    """The same greedy rules with full descendant sets (quadratic, obviously correct)."""
+    """The same greedy rules with full descendant sets (quadratic, obviously correct); with
+    ``block_buckets`` a collective gathering a placeholder the bucket already gathers closes it
+    (these graphs carry no module FQNs: one segment)."""
     ranks = {n: i for i, n in enumerate(gm.graph.nodes)}
     by_key: dict[Any, list[fx.Node]] = {}
     for n in gm.graph.nodes:
@@ -69,7 +83,13 @@ def _reference(gm: fx.GraphModule, cfg: BucketingConfig, cap: int) -> list[list[
             if bucket:
                 rk = [ranks[m] for m in bucket] + [ranks[c]]
                 over_span = cfg.max_topo_span is not None and max(rk) - min(rk) > cfg.max_topo_span
-                if size + s > cap or over_span:
+                source = _source(c)
+                repeat = (
+                    cfg.block_buckets
+                    and source is not None
+                    and source in {_source(m) for m in bucket}
+                )
+                if size + s > cap or over_span or repeat:
                     if len(bucket) > 1:
                         result.append([m.name for m in bucket])
                     bucket, desc, size = [], set(), 0
@@ -90,9 +110,12 @@ def _reference(gm: fx.GraphModule, cfg: BucketingConfig, cap: int) -> list[list[
     gm=random_dags(),
     span=st.one_of(st.none(), st.none(), st.integers(0, 80)),
     cap_mb=st.sampled_from([0.02, 0.1, 100.0, 100.0]),
+    blocks=st.booleans(),
 )
-def test_buckets_respect_all_rules(gm: fx.GraphModule, span: int | None, cap_mb: float) -> None:
-    cfg = BucketingConfig(max_topo_span=span)
+def test_buckets_respect_all_rules(
+    gm: fx.GraphModule, span: int | None, cap_mb: float, blocks: bool
+) -> None:
+    cfg = BucketingConfig(max_topo_span=span, block_buckets=blocks)
     buckets = bucket_collectives(*ag_args(gm, cap_mb), config=cfg)
     ranks = {n: i for i, n in enumerate(gm.graph.nodes)}
     seen: set[fx.Node] = set()
@@ -107,6 +130,9 @@ def test_buckets_respect_all_rules(gm: fx.GraphModule, span: int | None, cap_mb:
             member_ranks = [ranks[m] for m in bucket]
             assert max(member_ranks) - min(member_ranks) <= span
         assert len({(m.args[2], m.meta["val"].dtype) for m in bucket}) == 1
+        if blocks:  # never one parameter twice
+            sources = [_source(m) for m in bucket if _source(m) is not None]
+            assert len(sources) == len(set(sources))
     again = bucket_collectives(*ag_args(gm, cap_mb), config=cfg)
     assert [[m.name for m in bkt] for bkt in again] == [[m.name for m in bkt] for bkt in buckets]
     expected = _reference(gm, cfg, int(cap_mb * MIB))

@@ -13,6 +13,7 @@ from ._compat import warn_if_untested as _warn_if_untested
 from ._config import BucketingConfig
 from ._greedy import bucket_collectives
 from ._groups import primary_fsdp_groups
+from ._liveness import max_gathered_bytes
 from ._metrics import max_consec_compute_between_rs
 from ._overlap import (
     OverlapBucketingPass,
@@ -49,6 +50,7 @@ __all__ = [
     "install",
     "is_installed",
     "max_consec_compute_between_rs",
+    "max_gathered_bytes",
     "overlap_config_patches",
     "patched",
     "primary_fsdp_groups",

@@ -52,6 +52,16 @@ class BucketingConfig:
             (one copy kernel per member, all visible to Inductor) is for a pipeline that runs
             torch's overlap scheduler or another reordering pass on the bucketed graph *without*
             ``OverlapBucketingPass``: nothing else restores the ``out=`` order there.
+        block_buckets: a bucket never spans two transformer blocks, nor a joint graph's
+            forward and backward (``_blocks.py``: the block from the module FQN the graph
+            carries, embedding and head their own), and never gathers one parameter twice.
+            FSDP2 and torchtitan's graph_trainer bound memory the same way; the byte cap and
+            the span stay as safety nets, and a graph without module FQNs buckets by them.
+        prefetch_depth: in ``OverlapBucketingPass``, a bucketed (or FSDP) collective is issued
+            at most this many collectives of its kind ahead of the last one waited for: with
+            1, the next block's all-gather starts once the current block's is waited (FSDP2's
+            prefetch of one), and a reduce-scatter once the previous one is waited. ``None``
+            leaves the issue order to the scheduler (and to the merge, without reordering).
     """
 
     max_topo_span: int | None = 1500
@@ -60,6 +70,8 @@ class BucketingConfig:
     primary_group_only: bool = True
     non_adjacent: bool = True
     bucket_mode: str = "custom_ops"
+    block_buckets: bool = True
+    prefetch_depth: int | None = 1
 
     def __post_init__(self) -> None:
         where = "BucketingConfig"
@@ -71,6 +83,9 @@ class BucketingConfig:
         require_bool(self.primary_group_only, where=where, arg="primary_group_only")
         require_bool(self.non_adjacent, where=where, arg="non_adjacent")
         require_instance(self.bucket_mode, str, where=where, arg="bucket_mode", expected="a str")
+        require_bool(self.block_buckets, where=where, arg="block_buckets")
+        if self.prefetch_depth is not None:
+            require_int(self.prefetch_depth, where=where, arg="prefetch_depth", minimum=1)
         if self.bucket_mode not in BUCKET_MODES:
             raise ValueError(
                 f"{where}: bucket_mode must be one of {', '.join(map(repr, BUCKET_MODES))}, "

@@ -15,6 +15,9 @@ list of buckets, each a list of >= 2 collective nodes in wait order). The rules
   incremental and bounded by rank (see ``_reach``), never a table of descendants per node.
 * A collective whose size has no hint is left unbucketed with a warning, instead of guarding or
   crashing.
+* With ``block_buckets`` (the default) the key also carries the collective's segment -- its
+  transformer block and direction (``_blocks``) -- so a bucket never spans two blocks, and a
+  bucket closes before a collective that gathers a parameter it already gathers.
 
 The function never mutates the graph.
 """
@@ -30,6 +33,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import _compat
+from ._blocks import segment, source_placeholder
 from ._checks import require_callable, require_graph_module, require_mib
 from ._config import BucketingConfig, resolve_config
 from ._reach import BucketReach
@@ -50,6 +54,7 @@ class _Tally:
     max_span: int = 0
     closed_by_bytes: int = 0
     closed_by_span: int = 0
+    closed_by_repeat: int = 0
     skipped_dependent: int = 0
     skipped_unhinted: int = 0
 
@@ -108,19 +113,28 @@ def _key_of(key_fn: Callable[[fx.Node], Any], coll: fx.Node) -> Hashable:
 
 
 def _group(
-    ordered: list[fx.Node], key_fn: Callable[[fx.Node], Any], non_adjacent: bool
+    ordered: list[fx.Node],
+    key_fn: Callable[[fx.Node], Any],
+    non_adjacent: bool,
+    by_segment: bool = False,
 ) -> list[list[fx.Node]]:
     """Split the candidates into independently bucketed lists: one per key (first-seen order)
-    when ``non_adjacent``, else torch's runs of consecutive equal keys."""
+    when ``non_adjacent``, else torch's runs of consecutive equal keys. ``by_segment``: the
+    key also carries the collective's segment (block, direction)."""
+
+    def key_of(coll: fx.Node) -> Hashable:
+        key = _key_of(key_fn, coll)
+        return (key, segment(coll)) if by_segment else key
+
     if non_adjacent:
         by_key: dict[Hashable, list[fx.Node]] = {}
         for coll in ordered:
-            by_key.setdefault(_key_of(key_fn, coll), []).append(coll)
+            by_key.setdefault(key_of(coll), []).append(coll)
         return list(by_key.values())
     runs: list[list[fx.Node]] = []
     last_key: object = object()
     for coll in ordered:
-        key = _key_of(key_fn, coll)
+        key = key_of(coll)
         if runs and key == last_key:
             runs[-1].append(coll)
         else:
@@ -136,9 +150,13 @@ def _bucket_one_group(
     cap_mb: Callable[[int], float],
     max_topo_span: int | None,
     tally: _Tally,
+    one_per_source: bool = False,
 ) -> None:
-    """Greedy pass over one key's collectives (in wait order), appending buckets to ``tally``."""
+    """Greedy pass over one key's collectives (in wait order), appending buckets to ``tally``.
+    ``one_per_source``: a collective whose source placeholder a member already has closes the
+    bucket."""
     reach = BucketReach(ranks, order)
+    sources: set[fx.Node] = set()
     bucket: list[fx.Node] = []
     bucket_bytes = 0
     low = high = 0
@@ -152,6 +170,7 @@ def _bucket_one_group(
             tally.max_span = max(tally.max_span, high - low)
         bucket = []
         bucket_bytes = 0
+        sources.clear()
         reach.reset()
         bucket_index += 1
         cap = int(cap_mb(bucket_index) * _MIB)
@@ -167,13 +186,16 @@ def _bucket_one_group(
             )
             continue
         rank = ranks[coll]
+        source = source_placeholder(coll) if one_per_source else None
         if bucket:
             over_bytes = bucket_bytes + size > cap
             span = max(high, rank) - min(low, rank)
             over_span = max_topo_span is not None and span > max_topo_span
-            if over_bytes or over_span:
+            repeat = source is not None and source in sources
+            if over_bytes or over_span or repeat:
                 tally.closed_by_bytes += int(over_bytes)
                 tally.closed_by_span += int(over_span)
+                tally.closed_by_repeat += int(repeat)
                 close()
             elif reach.reaches(coll):
                 tally.skipped_dependent += 1
@@ -184,6 +206,8 @@ def _bucket_one_group(
             low, high = min(low, rank), max(high, rank)
         bucket.append(coll)
         bucket_bytes += size
+        if source is not None:
+            sources.add(source)
         reach.add_source(coll)
     if len(bucket) > 1:
         tally.buckets.append(bucket)
@@ -223,7 +247,7 @@ def bucket_collectives(
     cfg = resolve_config(config, where=where)
     start = time.perf_counter()
     ranks, order, ordered = _candidates(gm.graph, filter_node, filter_wait_node)
-    groups = _group(ordered, group_key, cfg.non_adjacent)
+    groups = _group(ordered, group_key, cfg.non_adjacent, cfg.block_buckets)
     fixed_cap = cfg.bucket_cap_mb
 
     def cap_mb(index: int) -> float:
@@ -234,7 +258,9 @@ def bucket_collectives(
     tally = _Tally()
     for members in groups:
         if len(members) > 1:
-            _bucket_one_group(members, ranks, order, cap_mb, cfg.max_topo_span, tally)
+            _bucket_one_group(
+                members, ranks, order, cap_mb, cfg.max_topo_span, tally, cfg.block_buckets
+            )
     elapsed_s = time.perf_counter() - start
     publish(tally.stats(len(ordered), len(groups), cfg.max_topo_span, elapsed_s), observer)
     return tally.buckets

@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from ._hazards import (
 )
 from ._metrics import max_consec_compute_between_rs
 from ._patching import excluding, only_groups, patched
+from ._prefetch import chains, fsdp_candidates, pull_up_reduce_scatter_waits, window_edges
 from ._replicate import (
     bucket_gradient_all_reduces,
     fsdp_groups_for,
@@ -241,11 +242,15 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         original = set(graph.nodes)
         edges = hazard_edges(graph)
         excluded = _reading_written_storage(graph)
+        window_groups: set[Hashable] = set()
+        candidates: set[fx.Node] = set()
         with patched(self.config), cpu_overlap_estimators(self.cpu), excluding(excluded):
             kwargs = self.schedule_kwargs()
             pre_bucket = _compat.pre_bucket_fsdp_collectives()
             if kwargs.pop("pre_bucketing_fsdp_collectives"):
                 fsdp_groups = fsdp_groups_for(gm, self.config)  # before merging changes counts
+                window_groups = fsdp_groups
+                candidates = fsdp_candidates(graph, fsdp_groups)
                 # before pre-bucketing packs their consumers (reduce-scatters) into buckets
                 gradient_waits = {
                     w
@@ -276,8 +281,31 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             # the merges' own writes (pre-bucketing's and the scheduler's: it buckets too): a
             # "custom_ops" bucket's members are filled by an out= copy their readers have no
             # edge to
-            moved = restore_order(graph, edges + fill_edges(graph, original))
+            edges += fill_edges(graph, original)
+            moved = self._restore_with_window(graph, edges, original, candidates, window_groups)
         return moved, replicate_merged, sorted(n.name for n in excluded)
+
+    def _restore_with_window(
+        self,
+        graph: fx.Graph,
+        edges: list[tuple[fx.Node, fx.Node]],
+        original: set[fx.Node],
+        candidates: set[fx.Node],
+        groups: set[Hashable],
+    ) -> int:
+        """The write order (``edges``) and the prefetch window restored together; a window
+        that contradicts the write order is dropped with a warning (never the write order)."""
+        depth = self.config.prefetch_depth
+        if depth is None or not groups:
+            return restore_order(graph, edges)
+        chain_list = chains(graph, original, candidates, groups)
+        pulled = pull_up_reduce_scatter_waits(graph, chain_list, original, depth)
+        window = window_edges(chain_list, original, depth)
+        try:
+            return restore_order(graph, edges + window) + pulled
+        except HazardCycle as exc:
+            log.warning("%s: prefetch window dropped: %s", _PASS, exc)
+            return restore_order(graph, edges) + pulled
 
     def uuid(self) -> str:
         """Changes whenever the config, the pass options or this package's code change."""

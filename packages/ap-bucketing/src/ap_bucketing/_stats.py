@@ -34,6 +34,9 @@ class BucketingStats:
         closed_by_bytes: bucket closes because the next collective would exceed the byte cap.
         closed_by_span: bucket closes because the next collective would exceed the span cap
             (a close where both limits were hit counts in both).
+        closed_by_repeat: bucket closes because the next collective gathers a parameter the
+            bucket already gathers (a joint graph's forward gather and backward re-gather of
+            one block; ``block_buckets`` only).
         skipped_dependent: collectives not bucketed because they depend on a member of the
             open bucket.
         skipped_unhinted: collectives left unbucketed because their size has no hint.
@@ -48,6 +51,7 @@ class BucketingStats:
     max_span: int
     closed_by_bytes: int
     closed_by_span: int
+    closed_by_repeat: int
     skipped_dependent: int
     skipped_unhinted: int
     max_topo_span: int | None
@@ -57,7 +61,8 @@ class BucketingStats:
         return (
             f"ap_bucketing: {self.buckets} buckets ({self.bucketed} of {self.candidates} "
             f"collectives, {self.keys} keys), max_span={self.max_span}, closed "
-            f"(bytes={self.closed_by_bytes}, span={self.closed_by_span}), skipped "
+            f"(bytes={self.closed_by_bytes}, span={self.closed_by_span}, "
+            f"repeat={self.closed_by_repeat}), skipped "
             f"(dependent={self.skipped_dependent}, unhinted={self.skipped_unhinted}), "
             f"max_topo_span={self.max_topo_span}, {self.elapsed_s * 1e3:.2f} ms"
         )
