@@ -101,13 +101,15 @@ def written_inputs(node: fx.Node) -> list[fx.Node]:
 
 def aliased_input(node: fx.Node) -> fx.Node | None:
     """The input whose storage ``node``'s output shares, if any: a view, an in-place op that
-    returns ``self``, a ``getitem`` of a multi-output view (``split``), ``_unsafe_view``."""
+    returns ``self``, a ``getitem`` of a multi-output view (``split``), ``_unsafe_view``, a
+    collective's ``wait_tensor``."""
     if node.op != "call_function":
         return None
     if node.target is operator.getitem:
         source = node.args[0]
         return source if isinstance(source, fx.Node) and aliased_input(source) else None
-    if is_view(node):
+    if is_view(node) or node.target is _compat.wait_tensor_op():
+        # a wait returns the very tensor its collective filled (its schema does not say so)
         first = node.args[0] if node.args else None
         return first if isinstance(first, fx.Node) else None
     schema = _schema(node)
@@ -220,6 +222,85 @@ def fill_edges(graph: fx.Graph, original: set[fx.Node]) -> list[tuple[fx.Node, f
     return edges
 
 
+def pull_up_fills(
+    graph: fx.Graph, edges: Iterable[tuple[fx.Node, fx.Node]], original: set[fx.Node]
+) -> int:
+    """For each fill pair (``fill_edges``) whose reader the schedule put first, move the
+    filling node and what the merge built to feed it (the wait, the views of the gathered
+    buffer -- nodes not in ``original``) up to just before the reader; returns how many nodes
+    moved.
+
+    Torch's overlap scheduler sees no data edge from a bucket's unpack to the members'
+    readers, so it leaves the unpack (and the wait before it) at the end of the graph; a
+    restore that only moves readers down would then run the whole forward after every wait
+    (every gathered weight alive at once). Moving the fill up instead keeps the readers where
+    the scheduler put them. A fill whose inputs from the original graph are not all above
+    the reader is left to ``restore_order``."""
+    moved = 0
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    first_reader: dict[fx.Node, fx.Node] = {}
+    for writer, reader in edges:
+        if writer in pos and reader in pos and pos[reader] < pos[writer]:
+            best = first_reader.get(writer)
+            if best is None or pos[reader] < pos[best]:
+                first_reader[writer] = reader
+    for writer, reader in sorted(first_reader.items(), key=lambda e: pos[e[1]]):
+        pos = {n: i for i, n in enumerate(graph.nodes)}
+        if pos[writer] < pos[reader]:
+            continue  # an earlier pull-up already brought it
+        group: set[fx.Node] = set()
+        stack = [writer]
+        blocked = False
+        while stack:
+            node = stack.pop()
+            if node in group:
+                continue
+            group.add(node)
+            for inp in node.all_input_nodes:
+                if pos[inp] < pos[reader]:
+                    continue
+                if inp in original or inp.op == "placeholder":
+                    blocked = True
+                    break
+                stack.append(inp)
+            if blocked:
+                break
+        if blocked:
+            continue
+        for node in sorted(group, key=pos.__getitem__):
+            if pos[node] > pos[reader]:
+                reader.prepend(node)
+                moved += 1
+    return moved
+
+
+def sink_allocations(graph: fx.Graph, original: set[fx.Node]) -> int:
+    """Move each allocation the bucket merge added (an input-less op such as the unpack's
+    ``empty`` member buffers), with the views taken of it, down to just before its first
+    reader; returns how many nodes moved.
+
+    The overlap scheduler leaves input-less nodes where they are ready -- the top of the graph
+    -- so every bucket's member buffers were allocated before the first matmul: a graph run
+    in its order (graph_trainer's joint graph) held all gathered weights at once. Sinking keeps
+    every data and write-order edge (a buffer and its views only precede their readers)."""
+    moved = 0
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    for node in reversed(list(graph.nodes)):
+        if node in original or node.op != "call_function" or not node.users:
+            continue
+        inputs = node.all_input_nodes
+        if inputs and (
+            not is_view(node) or written_inputs(node) or any(i in original for i in inputs)
+        ):
+            continue  # neither an allocation nor a plain view of a new one
+        first = min(node.users, key=pos.__getitem__)
+        if node.next is not first:
+            first.prepend(node)
+            moved += 1
+            pos = {n: i for i, n in enumerate(graph.nodes)}
+    return moved
+
+
 def violated(graph: fx.Graph, edges: Iterable[tuple[fx.Node, fx.Node]]) -> int:
     """How many ``edges`` (of nodes still in ``graph``) the current order breaks."""
     pos = {n: i for i, n in enumerate(graph.nodes)}
@@ -279,7 +360,9 @@ __all__ = [
     "hazard_edges",
     "is_view",
     "reads_written_storage",
+    "pull_up_fills",
     "restore_order",
+    "sink_allocations",
     "storage_roots",
     "violated",
     "written_inputs",

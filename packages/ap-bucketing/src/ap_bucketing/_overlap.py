@@ -33,14 +33,22 @@ from ._hazards import (
     HazardCycle,
     fill_edges,
     hazard_edges,
+    pull_up_fills,
     reads_written_storage,
     restore_order,
+    sink_allocations,
     storage_roots,
     written_storages,
 )
 from ._metrics import max_consec_compute_between_rs
 from ._patching import excluding, only_groups, patched
-from ._prefetch import chains, fsdp_candidates, pull_up_reduce_scatter_waits, window_edges
+from ._prefetch import (
+    chains,
+    fsdp_candidates,
+    hoist_issues,
+    pull_up_reduce_scatter_waits,
+    window_edges,
+)
 from ._replicate import (
     bucket_gradient_all_reduces,
     fsdp_groups_for,
@@ -130,7 +138,12 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
     Args:
         config: bucketing rules; ``BucketingConfig()`` when omitted.
         cpu: use analytical estimators (no GPU needed); default: no CUDA available.
-        reorder: run the overlap scheduler; ``False`` only pre-buckets FSDP collectives.
+        reorder: ``True`` runs torch's overlap scheduler; ``"prefetch"`` ap's own FSDP
+            schedule: each bucket's all-gather issued right after the previous bucket's wait
+            (``config.prefetch_depth`` ahead), each reduce-scatter waited before the next is
+            issued, nothing else moved (no cost model: FSDP2's and torchtitan graph_trainer's
+            order; what a graph executed in its own order wants); ``False`` only
+            pre-buckets FSDP collectives.
         **schedule_overrides: extra keyword arguments for torch's
             ``schedule_overlap_bucketing`` (plain values; they are part of ``uuid()``).
     """
@@ -140,12 +153,17 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         config: BucketingConfig | None = None,
         *,
         cpu: bool | None = None,
-        reorder: bool = True,
+        reorder: bool | str = True,
         **schedule_overrides: object,
     ) -> None:
         self.config = resolve_config(config, where=_PASS)
         self.cpu = _default_cpu() if cpu is None else require_bool(cpu, where=_PASS, arg="cpu")
-        self.reorder = require_bool(reorder, where=_PASS, arg="reorder")
+        if not isinstance(reorder, bool) and reorder != PREFETCH:
+            raise TypeError(
+                f"{_PASS}: reorder must be a bool or {PREFETCH!r}, got {reorder!r} "
+                f"({type(reorder).__name__})"
+            )
+        self.reorder: bool | str = reorder
         _check_schedule_overrides(schedule_overrides)
         self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
         self.reports: list[dict[str, object]] = []
@@ -173,7 +191,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         if not graph.find_nodes(op="call_function", target=wait):
             return
         _check_sizable(graph)  # refuse before torch's passes start mutating the graph
-        if self.reorder and self.config.bucket_mode == "default":
+        if self.reorder is True and self.config.bucket_mode == "default":
             _compat.require_default_mode_reordering()
         before = max_consec_compute_between_rs(graph)
         counts_before = collective_counts(graph)
@@ -269,7 +287,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 replicate_merged = bucket_gradient_all_reduces(
                     gm, fsdp_groups, self.config, gradient_waits
                 )
-            if self.reorder:
+            if self.reorder is True:
                 schedule = _compat.schedule_overlap_bucketing()
                 kwargs["pre_bucketing_fsdp_collectives"] = False  # done above
                 _supported_by(schedule, kwargs)
@@ -281,8 +299,11 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             # the merges' own writes (pre-bucketing's and the scheduler's: it buckets too): a
             # "custom_ops" bucket's members are filled by an out= copy their readers have no
             # edge to
-            edges += fill_edges(graph, original)
-            moved = self._restore_with_window(graph, edges, original, candidates, window_groups)
+            fills = fill_edges(graph, original)
+            moved = pull_up_fills(graph, fills, original)
+            edges += fills
+            moved += self._restore_with_window(graph, edges, original, candidates, window_groups)
+            moved += sink_allocations(graph, original)
         return moved, replicate_merged, sorted(n.name for n in excluded)
 
     def _restore_with_window(
@@ -296,10 +317,14 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         """The write order (``edges``) and the prefetch window restored together; a window
         that contradicts the write order is dropped with a warning (never the write order)."""
         depth = self.config.prefetch_depth
+        if depth is None and self.reorder == PREFETCH:
+            depth = 1
         if depth is None or not groups:
             return restore_order(graph, edges)
         chain_list = chains(graph, original, candidates, groups)
         pulled = pull_up_reduce_scatter_waits(graph, chain_list, original, depth)
+        if self.reorder == PREFETCH:
+            pulled += hoist_issues(graph, chain_list, original, depth)
         window = window_edges(chain_list, original, depth)
         try:
             return restore_order(graph, edges + window) + pulled
@@ -320,6 +345,8 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
 
 
 _PASS = "OverlapBucketingPass"
+#: ``OverlapBucketingPass(reorder=PREFETCH)``: ap's own FSDP prefetch schedule
+PREFETCH = "prefetch"
 
 
 def collective_counts(graph: fx.Graph) -> dict[str, int]:
@@ -419,7 +446,7 @@ def overlap_config_patches(
     config: BucketingConfig | None = None,
     *,
     cpu: bool | None = None,
-    reorder: bool = True,
+    reorder: bool | str = True,
     **schedule_overrides: object,
 ) -> dict[str, object]:
     """Inductor config patches that enable ap-bucketing + overlap scheduling on this device.

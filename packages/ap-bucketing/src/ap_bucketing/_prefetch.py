@@ -137,6 +137,39 @@ def pull_up_reduce_scatter_waits(
     return moved
 
 
+def hoist_issues(
+    graph: fx.Graph, chain_list: list[tuple[str, list[fx.Node]]], original: set[fx.Node], depth: int
+) -> int:
+    """ap's own prefetch (``OverlapBucketingPass(reorder="prefetch")``): issue each
+    all-gather of a chain -- its pack and the collective -- right after the wait of the one
+    ``depth`` places before it, where it sits later; FSDP2's and graph_trainer's schedule,
+    with no cost model and nothing else moved. Returns how many nodes moved. An issue whose
+    inputs are not all above that wait stays."""
+    moved = 0
+    for kind, chain in chain_list:
+        if kind != "all_gather":
+            continue
+        for earlier, later in zip(chain, chain[depth:], strict=False):
+            pos = {n: i for i, n in enumerate(graph.nodes)}
+            waits = _waits(earlier)
+            if not waits:
+                continue
+            anchor = max(waits, key=pos.__getitem__)
+            group = sorted(_issue_nodes(later, original), key=pos.__getitem__)
+            if pos[group[0]] <= pos[anchor]:
+                continue
+            members = set(group)
+            inputs = {i for n in group for i in n.all_input_nodes if i not in members}
+            if any(pos[i] > pos[anchor] for i in inputs):
+                continue
+            target = anchor
+            for node in group:
+                target.append(node)
+                target = node
+                moved += 1
+    return moved
+
+
 def window_edges(
     chain_list: list[tuple[str, list[fx.Node]]], original: set[fx.Node], depth: int
 ) -> list[tuple[fx.Node, fx.Node]]:
