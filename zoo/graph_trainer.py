@@ -15,13 +15,15 @@ runs ``torchtitan.train.main()`` unchanged, after three things a CPU machine lac
   torchtitan's distributed init pick gloo;
 * **a tokenizer.** The debug configs read ``./tests/assets/tokenizer`` (a path inside
   torchtitan's repository, not in its wheel): :func:`write_assets` generates a word-level
-  ``tokenizer.json`` from the ``tokenizers`` library there, with the BOS/EOS tokens the
-  trainer expects;
+  ``tokenizer.json`` from the ``tokenizers`` library, with the BOS/EOS tokens the trainer
+  expects;
 * **data.** ``c4_test`` reads ``tests/assets/c4_test``: :func:`write_assets` writes a
-  200-line JSON dataset of generated sentences there.
+  200-line JSON dataset of generated sentences.
 
-Assets are written below the working directory (only when missing), so run it from a scratch
-directory. Nothing here is downloaded. This module is a harness for tests and the README's
+The assets go to ``$ZOO_GRAPH_TRAINER_ASSETS`` (default: ``ap-graph-trainer-assets`` in the
+system's temporary directory; written once, atomically, so ranks may race) and the harness
+points ``--hf_assets_path`` and ``--dataloader.dataset_path`` there unless the command line
+names them. Nothing here is downloaded. This module is a harness for tests and the README's
 CPU command; on a GPU machine the same arguments go to ``-m torchtitan.train`` directly.
 """
 
@@ -35,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "assets_dir",
     "graph_trainer_deepseek_v3_debugmodel_sdpa",
     "graph_trainer_qwen3_debugmodel_moe_sdpa",
     "main",
     "use_cpu",
+    "with_asset_args",
     "write_assets",
 ]
 
@@ -60,40 +64,70 @@ _WORDS = (
 _SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<unk>")
 
 
-def write_assets(root: str | os.PathLike[str] = ".", *, lines: int = 200, seed: int = 0) -> Path:
-    """Write ``tests/assets/tokenizer`` and ``tests/assets/c4_test`` below ``root`` (each only
-    when missing); returns ``root/tests/assets``."""
+ASSETS_ENV = "ZOO_GRAPH_TRAINER_ASSETS"
+
+
+def assets_dir() -> Path:
+    """Where the generated assets live: ``$ZOO_GRAPH_TRAINER_ASSETS`` or a fixed directory in
+    the system's temporary directory."""
+    import tempfile
+
+    return Path(
+        os.environ.get(ASSETS_ENV) or Path(tempfile.gettempdir()) / "ap-graph-trainer-assets"
+    )
+
+
+def _write_once(path: Path, text: str) -> None:
+    """Write ``path`` atomically unless it exists (every rank may try at once)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_assets(root: str | os.PathLike[str] | None = None, *, lines: int = 200) -> Path:
+    """Write ``tokenizer/`` (``tokenizer.json``, ``tokenizer_config.json``) and ``c4_test/``
+    (one JSON-lines file) below ``root`` (default :func:`assets_dir`), each only when missing;
+    the content is fixed, so concurrent writers agree. Returns the directory."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
 
-    assets = Path(root) / "tests" / "assets"
-    tok_dir = assets / "tokenizer"
-    if not (tok_dir / "tokenizer.json").exists():
-        tok_dir.mkdir(parents=True, exist_ok=True)
-        vocab = {word: i for i, word in enumerate((*_SPECIALS, *_WORDS))}
-        tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-        tokenizer.pre_tokenizer = Whitespace()  # type: ignore[assignment]
-        tokenizer.save(str(tok_dir / "tokenizer.json"))
-        config = {
-            "bos_token": _SPECIALS[0],
-            "eos_token": _SPECIALS[1],
-            "unk_token": _SPECIALS[2],
-            "add_bos_token": True,
-            "add_eos_token": True,
-        }
-        (tok_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    data_dir = assets / "c4_test"
-    data_file = data_dir / "c4_sample.json"
-    if not data_file.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        rng = random.Random(seed)
-        rows = (
-            json.dumps({"text": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(60, 400)))})
-            for _ in range(lines)
-        )
-        data_file.write_text("\n".join(rows) + "\n")
+    assets = Path(root) if root is not None else assets_dir()
+    vocab = {word: i for i, word in enumerate((*_SPECIALS, *_WORDS))}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = Whitespace()  # type: ignore[assignment]
+    _write_once(assets / "tokenizer" / "tokenizer.json", tokenizer.to_str())
+    config = {
+        "bos_token": _SPECIALS[0],
+        "eos_token": _SPECIALS[1],
+        "unk_token": _SPECIALS[2],
+        "add_bos_token": True,
+        "add_eos_token": True,
+    }
+    _write_once(assets / "tokenizer" / "tokenizer_config.json", json.dumps(config, indent=1))
+    rng = random.Random(0)
+    rows = (
+        json.dumps({"text": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(60, 400)))})
+        for _ in range(lines)
+    )
+    _write_once(assets / "c4_test" / "c4_sample.json", "\n".join(rows) + "\n")
     return assets
+
+
+def with_asset_args(argv: list[str], assets: Path) -> list[str]:
+    """``argv`` plus ``--hf_assets_path`` / ``--dataloader.dataset_path`` pointing at
+    ``assets``, unless it names them already."""
+    out = list(argv)
+    for flag, path in (
+        ("--hf_assets_path", assets / "tokenizer"),
+        ("--dataloader.dataset_path", assets / "c4_test"),
+    ):
+        if not any(a == flag or a.startswith(f"{flag}=") for a in argv):
+            out += [flag, str(path)]
+    return out
 
 
 class _CpuDeviceModule:
@@ -273,12 +307,11 @@ def graph_trainer_deepseek_v3_debugmodel_sdpa() -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``torchtitan.train.main()`` on CPU ranks, with generated assets in the working dir."""
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
+    """``torchtitan.train.main()`` on CPU ranks, with the generated assets."""
+    args = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
-    write_assets(".")
+    sys.argv = [sys.argv[0], *with_asset_args(args, write_assets())]
     use_cpu()
     if os.environ.get(DUMP_ENV):
         dump_gradients(os.environ[DUMP_ENV])

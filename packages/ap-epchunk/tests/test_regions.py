@@ -84,3 +84,29 @@ def test_gradient_sums_join_the_module_that_encloses_them(fake_graph: Any) -> No
     assert last not in fqns
     (region,) = [r for r in find_regions(gm.graph, ("layers.*.moe",), fqns) if r.backward]
     assert region.candidates == (g1, g3, summed, scatter)
+
+
+def test_restore_backward_module_fqns_puts_back_each_nodes_own_module() -> None:
+    """A retraced backward where torch's metadata copy named one module for every node (one
+    shared ``custom`` dict): each node stamped by ``tag_backward_module_fqns`` gets its stamped
+    FQN as ``module_fqn``, unstamped nodes keep theirs, and no dict is mutated in place."""
+    import torch
+    from ap_epchunk import restore_backward_module_fqns
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    shared = {"module_fqn": "tok_embeddings"}
+    a = g.call_function(torch.ops.aten.relu.default, (x,))
+    b = g.call_function(torch.ops.aten.neg.default, (a,))
+    c = g.call_function(torch.ops.aten.exp.default, (b,))
+    g.output(c)
+    a.meta["custom"] = {**shared, "ap_chunk_backward_fqn": "layers.0.attention.wq"}
+    b.meta["custom"] = shared
+    c.meta["custom"] = {**shared, "ap_chunk_backward_fqn": "tok_embeddings"}
+    assert restore_backward_module_fqns(g) == 1
+    assert a.meta["custom"]["module_fqn"] == "layers.0.attention.wq"
+    assert b.meta["custom"] == {"module_fqn": "tok_embeddings"} and shared["module_fqn"] == (
+        "tok_embeddings"
+    )
+    assert c.meta["custom"]["module_fqn"] == "tok_embeddings"
+    assert restore_backward_module_fqns(g) == 0

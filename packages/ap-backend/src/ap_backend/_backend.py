@@ -214,6 +214,10 @@ class AutoParallelBackend:
         """Wraps Inductor's ``compile_fx_inner`` (looked up at call time) for the forward and
         the lazily compiled backward."""
         opts = self.options
+        # torch's forward-to-backward metadata copy named one module for the whole backward of
+        # the retraced first compilation; put back each node's own (the gradient reduce-scatters
+        # name their parameter's module: what block-wide bucketing keys on)
+        ap_epchunk.restore_backward_module_fqns(gm.graph)
         self.inner_compiles.append(
             {
                 "is_backward": bool(kwargs.get("is_backward", False)),

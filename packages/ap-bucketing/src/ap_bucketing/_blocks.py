@@ -7,8 +7,9 @@ bytes and topological span held the whole model's weights on a small model (the 
 dim 2048: 75 weights gathered before layer 0's first matmul).
 
 A collective's block comes from the module FQN the graph carries on its node (torchtitan's and
-ap-tags' ``custom["module_fqn"]``, else the innermost ``nn_module_stack`` entry), or on the
-single-input chain feeding it (the parameter's cast): the FQN's prefix through its first
+ap-tags' ``custom["module_fqn"]``, else the innermost ``nn_module_stack`` entry), on the
+single-input chain feeding it (the parameter's cast), or on the nodes reading its result (the
+matmul that uses a gathered weight): the FQN's prefix through its first
 numeric component (``layers.3.attention.wq`` -> ``layers.3``; ``model.layers.0.mlp`` ->
 ``model.layers.0``), else the whole module FQN (``tok_embeddings``, ``norm``, ``output``: the
 embedding and the head are blocks of their own). A collective with no FQN anywhere has no
@@ -75,7 +76,10 @@ def is_backward(node: fx.Node) -> bool:
 
 def collective_block(coll: fx.Node) -> str | None:
     """The block of a collective: from its own FQN, else the nearest one up its single-input
-    input chain; ``None`` when there is none."""
+    input chain, else the nearest one among its result's readers (breadth first, a few
+    levels: a wrapper that gathers every weight before calling the model -- the zoo's
+    ``FsdpTrainStep`` -- stamps no module on the gathers, but the matmul that reads a weight
+    is in its module); ``None`` when there is none."""
     node: fx.Node | None = coll
     for _ in range(_CHAIN_LIMIT):
         if node is None:
@@ -85,6 +89,16 @@ def collective_block(coll: fx.Node) -> str | None:
             return block_of(fqn)
         inputs = node.all_input_nodes
         node = inputs[0] if len(inputs) == 1 else None
+    frontier = [u for u in coll.users if u.op != "output"]
+    seen = set(frontier)
+    for _ in range(_CHAIN_LIMIT):
+        found = sorted({block_of(f) for f in map(module_fqn, frontier) if f is not None})
+        if found:
+            return found[0]
+        frontier = [u for n in frontier for u in n.users if u.op != "output" and u not in seen]
+        seen.update(frontier)
+        if not frontier:
+            break
     return None
 
 

@@ -23,7 +23,11 @@ from ._errors import ChunkError
 from ._lane import LaneReport, exchange_lane
 from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
-from ._regions import tag_backward_module_fqns, tag_recomputed_module_fqns
+from ._regions import (
+    restore_backward_module_fqns,
+    tag_backward_module_fqns,
+    tag_recomputed_module_fqns,
+)
 from ._schedule import RegionSchedule, ScheduleReport, schedule_chunk_overlap
 from ._tracing import fake_chunk_inputs, trace_joint
 
@@ -51,6 +55,7 @@ __all__ = [
     "fake_chunk_inputs",
     "mark_chunk_dim",
     "schedule_chunk_overlap",
+    "restore_backward_module_fqns",
     "tag_backward_module_fqns",
     "tag_recomputed_module_fqns",
     "trace_joint",

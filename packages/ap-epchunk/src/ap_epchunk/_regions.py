@@ -141,6 +141,31 @@ def tag_backward_module_fqns(graph: torch.fx.Graph) -> int:
     return stamped
 
 
+def restore_backward_module_fqns(graph: torch.fx.Graph) -> int:
+    """Give every node that carries the FQN :func:`tag_backward_module_fqns` (or
+    :func:`tag_recomputed_module_fqns`) stamped that FQN as its ``custom["module_fqn"]`` too;
+    returns how many nodes changed.
+
+    Why: a second compilation retraces the first one as a single autograd op, so torch's
+    forward-to-backward metadata copy gives every backward node of it the ``module_fqn`` of
+    that op's first forward node -- on the model kit and torchtitan's Llama3, every gradient
+    reduce-scatter (and the cast feeding it) read ``tok_embeddings``. A pass keyed by module
+    (ap-bucketing's block-wide buckets) then sees the whole backward as one block. The stamped
+    FQN is the module whose forward op the node differentiates: the parameter's own module
+    for its gradient's reduce-scatter."""
+    changed = 0
+    for node in graph.nodes:
+        fqn = _stamped_fqn(node)
+        if fqn is None:
+            continue
+        custom = node.meta.get(CUSTOM)
+        own = dict(custom) if isinstance(custom, dict) else {}  # custom dicts may be shared
+        if own.get(MODULE_FQN) != fqn:
+            node.meta[CUSTOM] = {**own, MODULE_FQN: fqn}
+            changed += 1
+    return changed
+
+
 #: ``partitioner_tag`` values AOTAutograd puts on forward ops; in a backward graph they mark
 #: the forward ops the partition recomputed there.
 _FORWARD_TAGS = ("is_forward", "must_be_in_forward")

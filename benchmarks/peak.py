@@ -1,0 +1,236 @@
+"""Peak memory of one steady training step without a GPU (issue 42 item 4).
+
+The CPU allocator keeps no peak statistic, so the step runs under
+``torch.profiler.profile(activities=[CPU], profile_memory=True)`` and the peak is the largest
+running sum of the profiler's CPU allocation events (``[memory]`` events: ``+bytes`` on
+allocation, ``-bytes`` on free) in time order over that step: the bytes allocated during the
+step and not yet freed, at their highest. Parameters, gradients' persistent buffers and the
+optimizer are outside it (allocated before the step); everything the step allocates and frees
+-- gathered weights, activations saved for the backward, gradients, workspace -- is in it.
+This is the quantity a GPU's ``max_memory_allocated`` minus the memory held before the step
+measures, and it shows the same sign (issue 42's H200 table: ap default above plain, and above
+its own ``bucketing=False``, on both devices).
+
+Rows (the model kit on a fake process group of world 8, bf16 gathers; each row compiles in its
+own process so no compile cache or allocator state is shared):
+
+* ``plain``: ``torch.compile(model)``;
+* ``ap_default``: ``precompile`` + ``autoparallel_backend()``;
+* ``ap_unbucketed``: the same with ``bucketing=False``;
+* ``ap_full``: ``precompile(joint_pass=ac_joint_pass())`` + AC, bucketing, overlap;
+
+plus, for torchtitan's Llama3 through the zoo's builder, ``plain``, ``ap_default`` and
+``ap_unbucketed``.
+
+    uv run python -m benchmarks.peak [--shape kit_1024|kit_256|llama3|quick] [--rows ...]
+"""
+
+from __future__ import annotations
+
+import os
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: name -> (description, builder arguments)
+SHAPES: dict[str, dict[str, Any]] = {
+    # issue 42's CPU shape: the H200 kit (16 heads, ffn 5632, vocab 32000) at dim 1024
+    "kit_1024": {
+        "model": "kit",
+        "dim": 1024,
+        "n_layers": 8,
+        "n_heads": 16,
+        "ffn_dim": 5632,
+        "vocab": 32000,
+        "seq_len": 256,
+        "batch": 2,
+    },
+    # issue 35's kernel-count kit (benchmarks.kernels.KIT)
+    "kit_256": {
+        "model": "kit",
+        "dim": 256,
+        "n_layers": 2,
+        "n_heads": 4,
+        "ffn_dim": 1024,
+        "vocab": 1024,
+        "seq_len": 512,
+        "batch": 2,
+    },
+    "llama3": {"model": "tt_llama3", "n_layers": 4, "dim": 256, "seq": 1024},
+    "quick": {
+        "model": "kit",
+        "dim": 64,
+        "n_layers": 2,
+        "n_heads": 4,
+        "ffn_dim": 128,
+        "vocab": 128,
+        "seq_len": 64,
+        "batch": 2,
+    },
+}
+KIT_ROWS = ("plain", "ap_default", "ap_unbucketed", "ap_full")
+LLAMA_ROWS = ("plain", "ap_default", "ap_unbucketed")
+
+
+def step_peak_bytes(step: Callable[[], None]) -> int:
+    """Largest running sum of the CPU allocation events of one call of ``step``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    # the raw allocator events (``[memory]``: +bytes allocated, -bytes freed), each stamped
+    kineto = prof.profiler.kineto_results if prof.profiler is not None else None
+    assert kineto is not None
+    events = [
+        (e.start_ns(), e.nbytes())
+        for e in kineto.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    ]
+    events.sort(key=lambda e: e[0])
+    alive = peak = 0
+    for _, nbytes in events:
+        alive += nbytes
+        peak = max(peak, alive)
+    return peak
+
+
+def _build(shape: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    import torch
+
+    if shape["model"] == "kit":
+        from ap_backend.models import ModelConfig, Sharding, Transformer
+
+        cfg = ModelConfig(**{k: v for k, v in shape.items() if k != "model"})
+        model = Transformer(cfg, Sharding.from_world(gather_dtype=torch.bfloat16))
+        return model, model.example_batch(0, 0)
+    from benchmarks.real_models import build_step
+
+    return build_step(
+        shape["model"], {k: v for k, v in shape.items() if k in ("n_layers", "dim", "seq")}
+    )
+
+
+def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
+    """Compile row ``row`` at ``shape_name`` in this process (fake PG world 8) and measure the
+    peak of its last steady step."""
+    import torch
+    import torch._inductor.metrics as inductor_metrics
+    from ap_testing.distributed import fake_world
+
+    from benchmarks.gpu import _compiled
+
+    torch.manual_seed(0)
+    with fake_world(8):
+        model, batch = _build(SHAPES[shape_name])
+        inductor_metrics.reset()
+        start = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            inner = getattr(model, "model", None)
+            if isinstance(inner, torch.nn.Module):
+                # the zoo's FsdpTrainStep hides its model from named_modules(); precompile
+                # records module FQNs (what block-wide buckets key on) through this, as the
+                # zoo's EP route does
+                from ap_tags import annotate_module_fqns
+
+                stack.enter_context(annotate_module_fqns(inner))
+            compiled, backend = _compiled(row, model, batch, None)
+
+        def step() -> None:
+            loss = compiled(*batch)
+            loss.backward()  # type: ignore[no-untyped-call]
+            model.zero_grad(set_to_none=True)
+
+        step()
+        compile_s = time.perf_counter() - start
+        for _ in range(steps - 1):
+            step()
+        peak = step_peak_bytes(step)
+    out: dict[str, Any] = {
+        "shape": shape_name,
+        "row": row,
+        "peak_bytes": peak,
+        "kernels": int(inductor_metrics.generated_kernel_count),
+        "compile_s": compile_s,
+    }
+    if backend is not None and getattr(backend, "saved", None):
+        out["saved_bytes"] = backend.saved[-1].nbytes
+    return out
+
+
+def _spawn(shape: str, row: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ap-peak-") as tmp:
+        out = Path(tmp) / "row.json"
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
+        env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+        env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+        cmd = [sys.executable, "-m", "benchmarks.peak", "--worker", shape, row, str(out)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmarks.peak {shape}/{row} failed:\n{proc.stderr[-4000:]}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def run(shapes: list[str], rows: list[str] | None = None) -> list[dict[str, Any]]:
+    results = []
+    for shape in shapes:
+        wanted = rows or list(LLAMA_ROWS if SHAPES[shape]["model"] != "kit" else KIT_ROWS)
+        by_row = {row: _spawn(shape, row) for row in wanted}
+        plain = by_row.get("plain", {}).get("peak_bytes")
+        unbucketed = by_row.get("ap_unbucketed", {}).get("peak_bytes")
+        for result in by_row.values():
+            if plain:
+                result["vs_plain"] = result["peak_bytes"] / plain
+            if unbucketed:
+                result["vs_unbucketed"] = result["peak_bytes"] / unbucketed
+            results.append(result)
+    return results
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| shape | row | peak MiB | vs plain | vs bucketing=False | kernels | compile s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['shape']} | {r['row']} | {r['peak_bytes'] / 2**20:,.1f} | "
+            f"{r.get('vs_plain', float('nan')):.2f} | {r.get('vs_unbucketed', float('nan')):.2f} "
+            f"| {r['kernels']} | {r['compile_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peak")
+    parser.add_argument("--worker", nargs=3, metavar=("SHAPE", "ROW", "OUT"))
+    parser.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    parser.add_argument("--rows", nargs="*")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    if args.worker:
+        shape, row, out = args.worker
+        Path(out).write_text(json.dumps(measure(shape, row)))
+        return 0
+    results = run(args.shape or ["kit_256", "kit_1024", "llama3"], args.rows)
+    print(markdown(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

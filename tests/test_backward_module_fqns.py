@@ -1,0 +1,137 @@
+"""The backend's backward names each node's own module, so ap-bucketing's buckets are one block
+wide in the backward too (issue 42 item 2).
+
+In the second compilation torch's forward-to-backward metadata copy gave every backward node
+the ``module_fqn`` of the retraced first compilation's first forward op: every gradient
+reduce-scatter (and the cast feeding it) of the model kit and of torchtitan's Llama3 read
+``tok_embeddings``, and the block-wide rule saw the whole backward as one block (the kit's 21
+reduce-scatters in one bucket). ``ap_epchunk.restore_backward_module_fqns`` before Inductor
+puts back the FQN the first compilation stamped.
+
+Fake process group (structure only); the kit (dim 64, 2 layers) and torchtitan's Llama3 through
+the zoo's builder (1 layer, precompiled inside ``annotate_module_fqns`` of the wrapped model, as
+the zoo's EP route does: its ``FsdpTrainStep`` hides the model from ``named_modules()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import ap_backend._compat as backend_compat
+import pytest
+import torch
+from ap_backend import autoparallel_backend, precompile
+from ap_bucketing import BucketingStats, collect_stats
+from ap_bucketing._blocks import block_of
+from ap_testing.distributed import fake_world
+
+pytestmark = pytest.mark.slow
+
+c10d = torch.ops._c10d_functional
+
+
+Names = list[tuple[str, str | None, str | None]]
+
+
+def _fqn(node: torch.fx.Node) -> str | None:
+    custom = node.meta.get("custom")
+    value = custom.get("module_fqn") if isinstance(custom, dict) else None
+    return value if isinstance(value, str) else None
+
+
+@contextlib.contextmanager
+def _collective_names() -> Iterator[dict[bool, Names]]:
+    """For each graph the backend hands to Inductor (before Inductor and its bucketing pass
+    run): ``(collective kind, its module_fqn, its input's module_fqn)`` of every all-gather and
+    reduce-scatter, keyed by ``is_backward``."""
+    seen: dict[bool, Names] = {False: [], True: []}
+    original = backend_compat.compile_fx_inner
+
+    def capturing() -> Any:
+        inner = original()
+
+        def compile_inner(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+            for node in gm.graph.nodes:
+                for kind in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+                    if node.target is getattr(c10d, kind).default:
+                        first = node.all_input_nodes[0]
+                        seen[bool(kwargs.get("is_backward"))].append(
+                            (kind, _fqn(node), _fqn(first))
+                        )
+            return inner(gm, example_inputs, **kwargs)
+
+        return compile_inner
+
+    backend_compat.compile_fx_inner = capturing  # type: ignore[assignment]
+    try:
+        yield seen
+    finally:
+        backend_compat.compile_fx_inner = original  # type: ignore[assignment]
+
+
+def _compile(
+    model: torch.nn.Module, batch: tuple[Any, ...], inner: torch.nn.Module | None = None
+) -> tuple[dict[bool, Names], list[BucketingStats]]:
+    """One training step's compile with the default backend (fake PG): the collectives' names
+    and the bucketing stats."""
+    torch.compiler.reset()
+    with contextlib.ExitStack() as stack:
+        seen = stack.enter_context(_collective_names())
+        stats = stack.enter_context(collect_stats())
+        with contextlib.ExitStack() as tracing:
+            if inner is not None:
+                from ap_tags import annotate_module_fqns
+
+                tracing.enter_context(annotate_module_fqns(inner))
+            pm = precompile(model, batch)
+        torch.compile(pm, backend=autoparallel_backend())(*batch).backward()
+    return seen, stats
+
+
+def _assert_each_gradient_names_its_parameters_module(
+    seen: dict[bool, Names], stats: list[BucketingStats], blocks: set[str]
+) -> None:
+    """Every gradient reduce-scatter names its parameter's module (itself, or -- where the
+    gathers ran outside any module, the zoo's wrapper -- the op producing the gradient), the
+    cast feeding it names the same, the names cover the model's blocks, and the reduce-scatter
+    bucketing keyed one bucket group per block."""
+    scattered = [(f, g) for kind, f, g in seen[True] if kind == "reduce_scatter_tensor"]
+    names = [f if f is not None else g for f, g in scattered]
+    assert scattered and None not in names, scattered
+    assert all(f == g for f, g in scattered if f is not None), scattered
+    assert {block_of(n) for n in names} == blocks, names
+    gathered = [f for kind, f, _ in seen[False] if kind == "all_gather_into_tensor"]
+    if None not in gathered:  # the gathers ran in their modules: each gradient names its own
+        assert sorted(names) == sorted(n for n in gathered if n is not None), names
+    (reduce_scatter,) = [s for s in stats if s.candidates == len(scattered)][-1:]
+    assert reduce_scatter.keys == len(blocks), reduce_scatter.log_line()
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[None]:
+    with fake_world(8):
+        yield
+
+
+def test_model_kit_gradients_name_their_parameters_module(world: None) -> None:
+    from ap_backend.models import ModelConfig, Sharding, Transformer
+
+    model = Transformer(ModelConfig(dim=64, n_layers=2, seq_len=64), Sharding.from_world())
+    seen, stats = _compile(model, model.example_batch(0, 0))
+    blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "output"}
+    _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
+
+
+def test_torchtitan_llama3_gradients_name_their_parameters_module(world: None) -> None:
+    pytest.importorskip("torchtitan")
+    from zoo.fsdp import FsdpTrainStep
+    from zoo.models import torchtitan_models
+
+    zm = torchtitan_models.llama3(1, n_layers=2, seq=64)
+    step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
+    batch = tuple(zm.batches[0])
+    seen, stats = _compile(step, batch, zm.module)
+    blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "lm_head"}
+    _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
