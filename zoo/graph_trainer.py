@@ -119,11 +119,13 @@ def write_assets(root: str | os.PathLike[str] | None = None, *, lines: int = 200
 
 def with_asset_args(argv: list[str], assets: Path) -> list[str]:
     """``argv`` plus ``--hf_assets_path`` / ``--dataloader.dataset_path`` pointing at
-    ``assets``, unless it names them already."""
+    ``assets`` (and ``--dump_folder``, torchtitan's structured logs, below it), unless it names
+    them already."""
     out = list(argv)
     for flag, path in (
         ("--hf_assets_path", assets / "tokenizer"),
         ("--dataloader.dataset_path", assets / "c4_test"),
+        ("--dump_folder", assets / "outputs"),  # torchtitan's logs and traces
     ):
         if not any(a == flag or a.startswith(f"{flag}=") for a in argv):
             out += [flag, str(path)]
