@@ -161,3 +161,43 @@ def test_ap_pipeline_with_full_inductor_trains_like_graph_trainers_own() -> None
     report = ours[(0, 1)]["ap_bucketing"]
     assert report["skipped"] is None
     assert report["collectives"]["all_gather"][1] < report["collectives"]["all_gather"][0]
+
+
+@pytest.mark.parametrize("model", ["llama3", "qwen3", "deepseek_v3"])
+def test_adapter_modules_offer_graph_trainers_configs_and_register_the_pipeline(
+    model: str,
+) -> None:
+    """``--module ap_bucketing.torchtitan.<model>``: every ``graph_trainer_*`` config of
+    graph_trainer's module of that name, the same functions, and the ``ap`` pipeline."""
+    import importlib
+
+    from torchtitan.experiments.graph_trainer.registry import PASS_PIPELINE_REGISTRY
+
+    ours = importlib.import_module(f"ap_bucketing.torchtitan.{model}")
+    theirs = importlib.import_module(
+        f"torchtitan.experiments.graph_trainer.{model}.config_registry"
+    )
+    names = sorted(n for n in vars(theirs) if n.startswith("graph_trainer_"))
+    assert names and ours.__all__ == names
+    assert all(getattr(ours, n) is getattr(theirs, n) for n in names)
+    from ap_bucketing.torchtitan import ap_pass_pipeline
+
+    assert PASS_PIPELINE_REGISTRY["ap"] is ap_pass_pipeline
+
+
+@pytest.mark.parametrize(
+    "option", ["enable_fsdp_dense_region_overlap", "ep_overlap.enabled"], ids=lambda o: o
+)
+def test_pipeline_refuses_options_that_need_graph_trainers_own_buckets(option: str) -> None:
+    from ap_bucketing.torchtitan import ap_pass_pipeline
+    from torchtitan.experiments.graph_trainer.llama3.config_registry import (
+        graph_trainer_llama3_debugmodel_sdpa,
+    )
+
+    config = graph_trainer_llama3_debugmodel_sdpa()
+    if option == "ep_overlap.enabled":
+        config.compile.ep_overlap.enabled = True
+    else:
+        config.compile.enable_fsdp_dense_region_overlap = True
+    with pytest.raises(ValueError, match=f"--compile.{re.escape(option)}"):
+        ap_pass_pipeline(None, config)
