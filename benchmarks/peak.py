@@ -18,6 +18,9 @@ own process so no compile cache or allocator state is shared):
 * ``ap_default``: ``precompile`` + ``autoparallel_backend()``;
 * ``ap_unbucketed``: the same with ``bucketing=False``;
 * ``ap_full``: ``precompile(joint_pass=ac_joint_pass())`` + AC, bucketing, overlap;
+* ``ap_modelwide`` (on request): the default with the bucketing of before issue 42
+  (``BucketingConfig(block_buckets=False, prefetch_depth=None)``: buckets bounded by bytes and
+  topological span only);
 
 plus, for torchtitan's Llama3 through the zoo's builder, ``plain``, ``ap_default`` and
 ``ap_unbucketed``.
@@ -69,6 +72,17 @@ SHAPES: dict[str, dict[str, Any]] = {
         "batch": 2,
     },
     "llama3": {"model": "tt_llama3", "n_layers": 4, "dim": 256, "seq": 1024},
+    # weights a large share of the peak: a bucket wider than a block shows
+    "weights": {
+        "model": "kit",
+        "dim": 256,
+        "n_layers": 4,
+        "n_heads": 4,
+        "ffn_dim": 1024,
+        "vocab": 1024,
+        "seq_len": 32,
+        "batch": 2,
+    },
     "quick": {
         "model": "kit",
         "dim": 64,
@@ -146,7 +160,15 @@ def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
                 from ap_tags import annotate_module_fqns
 
                 stack.enter_context(annotate_module_fqns(inner))
-            compiled, backend = _compiled(row, model, batch, None)
+            if row == "ap_modelwide":
+                import ap_bucketing
+                from ap_backend import autoparallel_backend, precompile
+
+                cfg = ap_bucketing.BucketingConfig(block_buckets=False, prefetch_depth=None)
+                backend = autoparallel_backend(bucketing=cfg)
+                compiled = torch.compile(precompile(model, batch), backend=backend)
+            else:
+                compiled, backend = _compiled(row, model, batch, None)
 
         def step() -> None:
             loss = compiled(*batch)
