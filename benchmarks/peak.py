@@ -160,13 +160,21 @@ def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
                 from ap_tags import annotate_module_fqns
 
                 stack.enter_context(annotate_module_fqns(inner))
-            if row == "ap_modelwide":
+            if row in ("ap_modelwide", "ap_coalesced", "ap_full_coalesced"):
                 import ap_bucketing
+                import ap_tags
                 from ap_backend import autoparallel_backend, precompile
 
-                cfg = ap_bucketing.BucketingConfig(block_buckets=False, prefetch_depth=None)
-                backend = autoparallel_backend(bucketing=cfg)
-                compiled = torch.compile(precompile(model, batch), backend=backend)
+                if row == "ap_modelwide":
+                    cfg = ap_bucketing.BucketingConfig(block_buckets=False, prefetch_depth=None)
+                else:
+                    cfg = ap_bucketing.BucketingConfig(bucket_mode="coalesced")
+                full = row == "ap_full_coalesced"
+                joint = ap_tags.ac_joint_pass() if full else None
+                backend = autoparallel_backend(bucketing=cfg, enable_ac=full)
+                compiled = torch.compile(
+                    precompile(model, batch, joint_pass=joint), backend=backend
+                )
             else:
                 compiled, backend = _compiled(row, model, batch, None)
 

@@ -87,7 +87,8 @@ def train(fn: Any, params: list[tuple[str, Any]], batches: list[Any]) -> tuple[l
 
 
 def run_rank(rank: int, world: int, engine: str, model: str, bucketing: str) -> dict[str, Any]:
-    """One rank's run: eager, then stock compile with (``ours``) or without (``none``) the pass."""
+    """One rank's run: eager, then stock compile with (``ours``; ``coalesced``: the copy-free
+    bucket form with ap's FSDP schedule) or without (``none``) the pass."""
     from ap_bucketing import BucketingConfig, OverlapBucketingPass
 
     from zoo.models import MODELS
@@ -100,9 +101,13 @@ def run_rank(rank: int, world: int, engine: str, model: str, bucketing: str) -> 
     state = _State(step)
     ref_losses, ref_grads = train(step, params, batches)
     state.restore()
-    bucketing_pass = OverlapBucketingPass(BucketingConfig(max_topo_span=1500), reorder=True)
+    if bucketing == "coalesced":  # ap-bucketing's copy-free form, with ap's FSDP schedule
+        config = BucketingConfig(max_topo_span=1500, bucket_mode="coalesced")
+        bucketing_pass = OverlapBucketingPass(config, reorder="prefetch")
+    else:
+        bucketing_pass = OverlapBucketingPass(BucketingConfig(max_topo_span=1500), reorder=True)
     torch._dynamo.reset()
-    patch = {"post_grad_custom_post_pass": bucketing_pass if bucketing == "ours" else None}
+    patch = {"post_grad_custom_post_pass": bucketing_pass if bucketing != "none" else None}
     with torch._inductor.config.patch(patch):
         losses, grads = train(torch.compile(step), params, batches)
     return {
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.bucketing", description=__doc__)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--model", default="tt_llama3")
-    parser.add_argument("--bucketing", default="ours", choices=("ours", "none"))
+    parser.add_argument("--bucketing", default="ours", choices=("ours", "none", "coalesced"))
     args = parser.parse_args(argv)
     out = {e: run_engine(e, args.model, args.bucketing) for e in args.engines.split(",")}
     json.dump(out, sys.stdout, indent=1)

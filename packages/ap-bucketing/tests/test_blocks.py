@@ -25,9 +25,8 @@ from ap_bucketing import (
     max_gathered_bytes,
 )
 from ap_bucketing._blocks import block_of, collective_block, module_fqn
-from ap_testing.collectives import GraphBuilder, aten, c10d
+from ap_testing.collectives import GraphBuilder, aten, c10d, runnable_block_gathers
 from ap_testing.distributed import single_rank_gloo
-from ap_testing.graphs import fakeify
 
 AG = c10d.all_gather_into_tensor.default
 WAIT = c10d.wait_tensor.default
@@ -152,23 +151,6 @@ def group() -> Iterator[str]:
         yield name
 
 
-def _runnable_blocks(group: str, blocks: int = 4) -> fx.GraphModule:
-    """``blocks`` blocks of two gathered weights and two matmuls each, on a one-rank gloo
-    group, with sizes the CPU estimator makes worth prefetching."""
-    b = GraphBuilder(dtype=torch.float32)
-    dim = 64
-    x = b.placeholder((256, dim))
-    shards = [[b.placeholder((dim, dim)) for _ in range(2)] for _ in range(blocks)]
-    for k, block in enumerate(shards):
-        for j, shard in enumerate(block):
-            ag, w = b.all_gather(shard, group=group, group_size=1)
-            _stamp(ag, f"layers.{k}.w{j}")
-            x = b.relu(b.mm(x, b.call(aten.t.default, (w,), (dim, dim))))
-    gm = b.module([x])
-    fakeify(gm)
-    return gm
-
-
 def _gather_issue_order(graph: fx.Graph) -> list[tuple[int, int]]:
     """``(position of bucket i's wait, position of bucket i+1's first issue node)`` pairs, in
     wait order, for the merged all-gathers (``_out`` form) of the graph."""
@@ -190,7 +172,7 @@ def _gather_issue_order(graph: fx.Graph) -> list[tuple[int, int]]:
 def test_prefetch_window_bounds_how_far_ahead_a_block_is_gathered(
     group: str, depth: int | None
 ) -> None:
-    gm = _runnable_blocks(group)
+    gm = runnable_block_gathers(group)
     inputs = [torch.randn(n.meta["val"].shape) for n in gm.graph.find_nodes(op="placeholder")]
     expected = gm(*inputs)
     bucketing = OverlapBucketingPass(
@@ -238,7 +220,7 @@ def test_prefetch_schedule_issues_each_block_right_after_the_previous_wait(group
     nothing else; without it (``reorder=False``) each block is gathered where it is used."""
     orders = {}
     for reorder in (False, "prefetch"):
-        gm = _runnable_blocks(group)
+        gm = runnable_block_gathers(group)
         inputs = [torch.randn(n.meta["val"].shape) for n in gm.graph.find_nodes(op="placeholder")]
         expected = gm(*inputs)
         OverlapBucketingPass(BucketingConfig(bucket_cap_mb=1000.0), cpu=True, reorder=reorder)(

@@ -106,7 +106,7 @@ for field_name, value, exc in [
     ("primary_group_only", 1, TypeError),
     ("non_adjacent", None, TypeError),
     ("non_adjacent", 0, TypeError),
-    ("bucket_mode", "coalesced", ValueError),
+    ("bucket_mode", "custom_ops_multidtype", ValueError),
     ("bucket_mode", None, TypeError),
 ]:
     CASES.append(

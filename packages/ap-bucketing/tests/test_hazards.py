@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 from ap_bucketing import BucketingConfig, OverlapBucketingPass
 from ap_bucketing._hazards import HazardCycle, hazard_edges, restore_order, written_storages
-from ap_testing.distributed import gather_autograd, single_rank_gloo
+from ap_testing.distributed import chunked_head_step, single_rank_gloo
 from torch.fx.experimental.proxy_tensor import make_fx
 
 aten = torch.ops.aten
@@ -143,30 +143,6 @@ def test_reordered_in_place_accesses_move_back_and_compute_the_original_values()
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def _chunked_head_step(x: torch.Tensor, *shards: torch.Tensor) -> list[torch.Tensor]:
-    """A train step as graph_trainer traces it (``make_fx`` of forward and ``autograd.grad``,
-    no functionalization): FSDP-gathered weights, a head computed chunk by chunk whose
-    hidden-state gradient is written with ``copy_`` into slices of one buffer and whose weight
-    gradient is accumulated with ``add_``, then the backward through the trunk."""
-    weights = [gather_autograd(s) for s in shards]
-    h = x
-    for w in weights[:-1]:
-        h = torch.relu(h @ w.t())
-    hd = h.detach().requires_grad_(True)
-    head = weights[-1].detach().requires_grad_(True)
-    grad_h, grad_head = torch.zeros_like(hd), torch.zeros_like(head)
-    loss = torch.zeros(())
-    rows = h.shape[0] // 2
-    for i in range(2):
-        part = (hd[i * rows : (i + 1) * rows] @ head.t()).pow(2).mean()
-        g_h, g_head = torch.autograd.grad(part, (hd, head))
-        grad_h[i * rows : (i + 1) * rows].copy_(g_h[i * rows : (i + 1) * rows])
-        grad_head.add_(g_head)
-        loss = loss + part.detach()
-    grads = torch.autograd.grad([h, weights[-1]], shards, [grad_h, grad_head])
-    return [loss, *grads]
-
-
 def test_a_non_functional_joint_graph_trains_the_same_after_the_pass() -> None:
     """The pass buckets and schedules a traced step with in-place writes and the gradients stay
     exact (without the write order restored they were off by 2.5e4 here: the trunk's
@@ -176,7 +152,7 @@ def test_a_non_functional_joint_graph_trains_the_same_after_the_pass() -> None:
         torch.manual_seed(0)
         x = torch.randn(32, 16)
         shards = [torch.randn(16, 16, requires_grad=True) for _ in range(5)]
-        gm = make_fx(_chunked_head_step, tracing_mode="fake")(x, *shards)
+        gm = make_fx(chunked_head_step, tracing_mode="fake")(x, *shards)
         assert sum(n.target is aten.copy_.default for n in gm.graph.nodes) == 2
         with torch.no_grad():
             expected = gm(x, *shards)
@@ -211,7 +187,7 @@ def test_a_write_order_no_schedule_can_keep_leaves_the_graph_as_given(
     with single_rank_gloo(subgroups=0):
         x = torch.randn(32, 16)
         shards = [torch.randn(16, 16, requires_grad=True) for _ in range(5)]
-        gm = make_fx(_chunked_head_step, tracing_mode="fake")(x, *shards)
+        gm = make_fx(chunked_head_step, tracing_mode="fake")(x, *shards)
         before = [(n.name, n.format_node()) for n in gm.graph.nodes]
         bucketing = OverlapBucketingPass(BucketingConfig(), cpu=True)
         bucketing(gm.graph)

@@ -258,6 +258,23 @@ def pre_bucket_fsdp_collectives() -> Any:
     return _prebucketing_attr("pre_bucket_fsdp_collectives")
 
 
+#: torch's pre-bucketing cap when it knows no group size, or predates the saturation model
+FALLBACK_CAP_MB = 500.0
+
+
+def pre_bucket_cap_mb(group_size: int | None) -> float:
+    """torch's FSDP pre-bucketing cap for a group of ``group_size`` ranks (its bandwidth
+    saturation model, ``fsdp.compute_pre_bucket_cap_mb``, 2.13+), else 500 MiB as torch uses
+    without a group size."""
+    if group_size is None or predates_fsdp_prebucketing():
+        return FALLBACK_CAP_MB
+    fsdp = module(FSDP_MODULE)
+    compute = getattr(fsdp, "compute_pre_bucket_cap_mb", None)
+    if compute is None:
+        return FALLBACK_CAP_MB
+    return float(compute(group_size))
+
+
 def _pre_bucket_fsdp_collectives_before_2_13(
     gm: torch.fx.GraphModule, mode: str | None = None, bucket_cap_mb: float | None = None
 ) -> None:

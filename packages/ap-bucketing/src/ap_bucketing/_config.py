@@ -16,11 +16,15 @@ from dataclasses import dataclass
 from ._checks import require_bool, require_instance, require_int, require_mib
 from ._source import package_source_hash
 
-#: torch's bucket forms ap-bucketing passes on (``bucketing.BucketMode``): ``"default"`` packs
-#: a bucket with explicit copies into one flat buffer and slices it back out; ``"custom_ops"``
-#: packs inside one opaque custom op per bucket and unpacks with one ``split_with_sizes_copy``,
-#: so Inductor does not generate a copy kernel per member.
-BUCKET_MODES: tuple[str, ...] = ("default", "custom_ops")
+#: The bucket forms: torch's (``bucketing.BucketMode``) ``"default"`` packs a bucket with
+#: explicit copies into one flat buffer and slices it back out; ``"custom_ops"`` packs inside
+#: one opaque custom op per bucket and unpacks with one ``split_with_sizes_copy``, so Inductor
+#: does not generate a copy kernel per member; ap-bucketing's ``"coalesced"`` issues one
+#: coalesced collective per bucket, each member into or from its own tensor (no copy out, no
+#: copy in).
+BUCKET_MODES: tuple[str, ...] = ("default", "custom_ops", "coalesced")
+#: ap-bucketing's own copy-free form (``_coalesced.py``): one coalesced collective per bucket
+COALESCED = "coalesced"
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,11 @@ import torch.fx as fx
 
 from . import _compat
 from ._checks import require_bool, require_instance, require_node
-from ._config import BucketingConfig, resolve_config
+from ._coalesced import bucket_coalesced
+from ._coalesced import cap_fn as coalesced_cap_fn
+from ._config import COALESCED, BucketingConfig, resolve_config
 from ._contiguous import contiguous_bucket_inputs
+from ._groups import primary_fsdp_groups
 from ._hazards import (
     HazardCycle,
     fill_edges,
@@ -164,6 +167,12 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 f"({type(reorder).__name__})"
             )
         self.reorder: bool | str = reorder
+        if reorder is True and self.config.bucket_mode == COALESCED:
+            raise ValueError(
+                f"{_PASS}: bucket_mode={COALESCED!r} with reorder=True: torch's overlap "
+                "scheduler takes one wait per collective and a coalesced bucket has one per "
+                f"member; use reorder={PREFETCH!r} (ap's FSDP schedule) or reorder=False"
+            )
         _check_schedule_overrides(schedule_overrides)
         self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
         self.reports: list[dict[str, object]] = []
@@ -277,12 +286,17 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 }
                 # torch identifies the FSDP groups, then buckets every FSDP-shaped all-gather
                 # and reduce-scatter of the graph: keep another mesh dim's (TP) out of it
-                with only_groups(fsdp_groups):
-                    pre_bucket(
-                        gm,
-                        bucket_cap_mb=kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb"),
-                        mode=kwargs["bucket_mode"],
-                    )
+                cap_override = kwargs.pop("pre_bucketing_fsdp_collectives_bucket_cap_mb")
+                if self.config.bucket_mode == COALESCED:
+                    # ap's own copy-free form (_coalesced.py); torch's scheduler below sees
+                    # the coalesced collectives and no merge of its own
+                    group_size = primary_fsdp_groups(gm)[1]
+                    cap = coalesced_cap_fn(self.config, group_size)
+                    bucket_coalesced(gm, self.config, set(fsdp_groups), cap, excluded)
+                    kwargs["bucket_mode"] = "custom_ops"
+                else:
+                    with only_groups(fsdp_groups):
+                        pre_bucket(gm, bucket_cap_mb=cap_override, mode=kwargs["bucket_mode"])
                 # torch buckets all-reduces of the FSDP groups only: HSDP's replicate group
                 replicate_merged = bucket_gradient_all_reduces(
                     gm, fsdp_groups, self.config, gradient_waits
@@ -353,8 +367,12 @@ def collective_counts(graph: fx.Graph) -> dict[str, int]:
     """Functional collectives issued by ``graph``, by kind (the ``_out`` all-gather counted
     with the plain one): what a bucketing pass reduces, reported before and after it."""
     kinds = {
-        "all_gather": ("all_gather_into_tensor", "all_gather_into_tensor_out"),
-        "reduce_scatter": ("reduce_scatter_tensor",),
+        "all_gather": (
+            "all_gather_into_tensor",
+            "all_gather_into_tensor_out",
+            "all_gather_into_tensor_coalesced",
+        ),
+        "reduce_scatter": ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"),
         "all_reduce": ("all_reduce",),
     }
     return {

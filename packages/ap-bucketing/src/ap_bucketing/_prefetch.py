@@ -22,8 +22,12 @@ import torch.fx as fx
 from . import _compat
 
 _KINDS = {
-    "all_gather": ("all_gather_into_tensor", "all_gather_into_tensor_out"),
-    "reduce_scatter": ("reduce_scatter_tensor",),
+    "all_gather": (
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_out",
+        "all_gather_into_tensor_coalesced",
+    ),
+    "reduce_scatter": ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"),
 }
 
 
@@ -38,8 +42,12 @@ def _kind(node: fx.Node) -> str | None:
 
 
 def _waits(coll: fx.Node) -> list[fx.Node]:
+    """The collective's waits (a coalesced one's: the waits of its getitems)."""
     wait = _compat.wait_tensor_op()
-    return [u for u in coll.users if u.target is wait]
+    direct = [u for u in coll.users if u.target is wait]
+    if direct:
+        return direct
+    return [w for g in coll.users for w in g.users if w.target is wait]
 
 
 def _group(coll: fx.Node) -> Hashable:

@@ -102,6 +102,24 @@ class GraphBuilder:
         return fx.GraphModule(torch.nn.Module(), self.graph)
 
 
+def runnable_block_gathers(group: str, blocks: int = 4) -> fx.GraphModule:
+    """``blocks`` blocks of two gathered weights (stamped ``layers.<k>.w<j>``) and two matmuls
+    each, on process group ``group`` (a one-rank gloo group runs it on real data), with sizes
+    the CPU estimator makes worth prefetching."""
+    b = GraphBuilder(dtype=torch.float32)
+    dim = 64
+    x = b.placeholder((256, dim))
+    shards = [[b.placeholder((dim, dim)) for _ in range(2)] for _ in range(blocks)]
+    for k, block in enumerate(shards):
+        for j, shard in enumerate(block):
+            ag, w = b.all_gather(shard, group=group, group_size=1)
+            ag.meta["custom"] = {"module_fqn": f"layers.{k}.w{j}"}
+            x = b.relu(b.mm(x, b.call(aten.t.default, (w,), (dim, dim))))
+    gm = b.module([x])
+    fakeify(gm)
+    return gm
+
+
 def interleaved_fsdp_graph(
     num_nodes: int,
     groups: Sequence[str] = ("dp", "tp"),

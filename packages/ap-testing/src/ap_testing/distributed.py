@@ -17,7 +17,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-__all__ = ["FAKE_WORLD_SIZE", "fake_world", "gather_autograd", "single_rank_gloo"]
+__all__ = [
+    "FAKE_WORLD_SIZE",
+    "chunked_head_step",
+    "fake_world",
+    "gather_autograd",
+    "single_rank_gloo",
+]
 
 #: World size of the fake process group (8: FSDP shards of 1/8, as on a node of 8 GPUs).
 FAKE_WORLD_SIZE = 8
@@ -72,3 +78,27 @@ def gather_autograd(weight: torch.Tensor, group: str | None = None) -> torch.Ten
         warnings.simplefilter("ignore", FutureWarning)
         gathered: torch.Tensor = fn(weight, 0, target)
     return gathered
+
+
+def chunked_head_step(x: torch.Tensor, *shards: torch.Tensor) -> list[torch.Tensor]:
+    """A train step as graph_trainer traces it (``make_fx`` of forward and ``autograd.grad``,
+    no functionalization): FSDP-gathered weights, a head computed chunk by chunk whose
+    hidden-state gradient is written with ``copy_`` into slices of one buffer and whose weight
+    gradient is accumulated with ``add_``, then the backward through the trunk."""
+    weights = [gather_autograd(s) for s in shards]
+    h = x
+    for w in weights[:-1]:
+        h = torch.relu(h @ w.t())
+    hd = h.detach().requires_grad_(True)
+    head = weights[-1].detach().requires_grad_(True)
+    grad_h, grad_head = torch.zeros_like(hd), torch.zeros_like(head)
+    loss = torch.zeros(())
+    rows = h.shape[0] // 2
+    for i in range(2):
+        part = (hd[i * rows : (i + 1) * rows] @ head.t()).pow(2).mean()
+        g_h, g_head = torch.autograd.grad(part, (hd, head))
+        grad_h[i * rows : (i + 1) * rows].copy_(g_h[i * rows : (i + 1) * rows])
+        grad_head.add_(g_head)
+        loss = loss + part.detach()
+    grads = torch.autograd.grad([h, weights[-1]], shards, [grad_h, grad_head])
+    return [loss, *grads]

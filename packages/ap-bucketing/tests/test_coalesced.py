@@ -1,0 +1,76 @@
+"""The copy-free bucket form (``bucket_mode="coalesced"``): one coalesced collective per
+bucket, each member gathered into (or reduced from) its own tensor -- no ``split_with_sizes_copy``
+copying a flat gathered buffer out, no ``_chunk_cat`` copying gradients in.
+
+Runs on a one-rank gloo group (collectives on real data: every graph is executed before and
+after the pass); 2-rank numerics through Inductor: ``tests/test_bucketing_stock_compile.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from ap_bucketing import BucketingConfig, OverlapBucketingPass
+from ap_testing.collectives import runnable_block_gathers
+from ap_testing.distributed import chunked_head_step, single_rank_gloo
+from torch.fx.experimental.proxy_tensor import make_fx
+
+COPIES = ("split_with_sizes_copy", "_chunk_cat", "_pre_bucket_all_gather", "_pre_bucket_reduce")
+
+
+@pytest.fixture(scope="module")
+def group() -> Iterator[str]:
+    with single_rank_gloo(subgroups=0) as (name,):
+        yield name
+
+
+def _targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("reorder", [False, "prefetch"])
+def test_all_gather_buckets_are_coalesced_with_no_copy_out(group: str, reorder: bool | str) -> None:
+    gm = runnable_block_gathers(group)
+    inputs = [torch.randn(n.meta["val"].shape) for n in gm.graph.find_nodes(op="placeholder")]
+    expected = gm(*inputs)
+    bucketing = OverlapBucketingPass(
+        BucketingConfig(bucket_mode="coalesced", bucket_cap_mb=1000.0), cpu=True, reorder=reorder
+    )
+    bucketing(gm.graph)
+    gm.recompile()
+    assert bucketing.reports[-1]["collectives"]["all_gather"] == (8, 4)  # one per block
+    targets = _targets(gm)
+    assert sum("all_gather_into_tensor_coalesced" in t for t in targets) == 4
+    assert sum("pack_shards" in t for t in targets) == 4
+    assert not [t for t in targets if any(c in t for c in COPIES)]
+    torch.testing.assert_close(gm(*inputs), expected, rtol=0, atol=0)
+
+
+def test_gradient_reduce_scatters_are_coalesced_and_the_write_order_kept(group: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(32, 16)
+    shards = [torch.randn(16, 16, requires_grad=True) for _ in range(5)]
+    gm = make_fx(chunked_head_step, tracing_mode="fake")(x, *shards)
+    with torch.no_grad():
+        expected = gm(x, *shards)
+    config = BucketingConfig(bucket_mode="coalesced", bucket_cap_mb=1000.0, max_topo_span=None)
+    bucketing = OverlapBucketingPass(config, cpu=True, reorder="prefetch")
+    bucketing(gm.graph)
+    gm.recompile()
+    report = bucketing.reports[-1]
+    assert report["collectives"]["reduce_scatter"] == (5, 2)  # the add_-accumulated one alone
+    assert report["collectives"]["all_gather"] == (5, 1)
+    targets = _targets(gm)
+    assert any("reduce_scatter_tensor_coalesced" in t for t in targets)
+    assert not [t for t in targets if any(c in t for c in COPIES)]
+    with torch.no_grad():
+        got = gm(x, *shards)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_torchs_overlap_scheduler_is_refused_naming_the_alternatives() -> None:
+    with pytest.raises(ValueError, match=r"coalesced.*reorder=True.*'prefetch'"):
+        OverlapBucketingPass(BucketingConfig(bucket_mode="coalesced"), cpu=True, reorder=True)
