@@ -1,0 +1,132 @@
+"""Compile time as a user meets it (issue 42 item 5): Inductor's default compile threads, cold
+and warm.
+
+The model kit at 8 layers (dim 256, seq 256, batch 2, bf16 gathers, fake PG world 8), one fresh
+process per compile (``benchmarks.kernels --worker``: ``precompile`` + the first forward + the
+first backward - one steady step), configurations interleaved round by round (plain
+``torch.compile``, ap default, ap full):
+
+* **cold**: an empty Inductor cache directory of its own, Inductor's FX-graph and AOTAutograd
+  caches on (as a user's job has them), Inductor's default compile-worker pool
+  (``TORCHINDUCTOR_COMPILE_THREADS`` unset: C++ compiles in parallel, as a GPU's Triton
+  compiles do -- the serialised compile of ``benchmarks.kernels`` hides the cost of ap's own
+  passes behind fewer kernels);
+* **warm**: the same job again on the directory the cold run filled (a restarted job).
+
+Python bytecode is warm in both (``benchmarks.fresh_compile_env``).
+
+    uv run python -m benchmarks.compile_time [--rounds N] [--layers L] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from ap_backend.models import ModelConfig
+
+from benchmarks import fresh_compile_env
+from benchmarks.kernels import COMPILE_CONFIGS, COMPILE_KIT, QUICK_KIT
+
+
+def _env(cache: str, pycache: str) -> dict[str, str]:
+    env = fresh_compile_env(cache, pycache)
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+    return env
+
+
+def _compile(config: str, cfg: ModelConfig, cache: str, pycache: str) -> dict[str, Any]:
+    load = os.getloadavg()[0]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.kernels",
+            "--worker",
+            config,
+            json.dumps(asdict(cfg)),
+            "2",
+        ],
+        env=_env(cache, pycache),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"{config} compile failed: " + " | ".join(tail))
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["load_before"] = round(load, 2)
+    print(f"  {config}: {out}", file=sys.stderr, flush=True)
+    return out
+
+
+def run(rounds: int, layers: int) -> dict[str, Any]:
+    cfg = replace(COMPILE_KIT, n_layers=layers)
+    got: list[dict[str, dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="ap-compile-pycache-") as pycache:
+        for config in COMPILE_CONFIGS:  # untimed: fills the bytecode every compile imports
+            with tempfile.TemporaryDirectory(prefix="ap-compile-warmup-") as cache:
+                _compile(config, QUICK_KIT, cache, pycache)
+        for index in range(rounds):
+            order = COMPILE_CONFIGS if index % 2 == 0 else tuple(reversed(COMPILE_CONFIGS))
+            row: dict[str, dict[str, Any]] = {}
+            for config in order:
+                with tempfile.TemporaryDirectory(prefix="ap-compile-cache-") as cache:
+                    cold = _compile(config, cfg, cache, pycache)
+                    warm = _compile(config, cfg, cache, pycache)
+                row[config] = {"cold": cold, "warm": warm}
+            got.append(row)
+    summary: dict[str, Any] = {}
+    for config in COMPILE_CONFIGS:
+        summary[config] = {}
+        for phase in ("cold", "warm"):
+            seconds = [r[config][phase]["compile_s"] for r in got]
+            ratios = [r[config][phase]["compile_s"] / r["plain"][phase]["compile_s"] for r in got]
+            summary[config][phase] = {
+                "compile_s": statistics.median(seconds),
+                "ratio": statistics.median(ratios),
+                "per_round": [round(x, 2) for x in ratios],
+                "precompile_s": statistics.median(r[config][phase]["precompile_s"] for r in got),
+            }
+    return {"shape": asdict(cfg), "rounds": got, "summary": summary}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| config | cold s | cold vs plain (per round) | warm s | warm vs plain (per round) |",
+        "|---|---:|---|---:|---|",
+    ]
+    for config, s in result["summary"].items():
+        cold, warm = s["cold"], s["warm"]
+        lines.append(
+            f"| {config} | {cold['compile_s']:.1f} | {cold['ratio']:.2f} {cold['per_round']} | "
+            f"{warm['compile_s']:.1f} | {warm['ratio']:.2f} {warm['per_round']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compile_time")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    result = run(args.rounds, args.layers)
+    print(markdown(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
