@@ -2,8 +2,8 @@
 and warm.
 
 The model kit at 8 layers (dim 256, seq 256, batch 2, bf16 gathers, fake PG world 8), one fresh
-process per compile (``benchmarks.kernels --worker``: ``precompile`` + the first forward + the
-first backward - one steady step), configurations interleaved round by round (plain
+process per compile (this module's ``--worker``: ``benchmarks.kernels``' compile, i.e.
+``precompile`` + the first forward + the first backward - one steady step), configurations interleaved round by round (plain
 ``torch.compile``, ap default, ap full):
 
 * **cold**: an empty Inductor cache directory of its own, Inductor's FX-graph and AOTAutograd
@@ -11,7 +11,8 @@ first backward - one steady step), configurations interleaved round by round (pl
   (``TORCHINDUCTOR_COMPILE_THREADS`` unset: C++ compiles in parallel, as a GPU's Triton
   compiles do -- the serialised compile of ``benchmarks.kernels`` hides the cost of ap's own
   passes behind fewer kernels);
-* **warm**: the same job again on the directory the cold run filled (a restarted job).
+* **warm**: the same job again on the directory the cold run filled (a restarted job); the
+  table says what the caches did there (AOTAutograd hit / bypass, FX-graph hits).
 
 Python bytecode is warm in both (``benchmarks.fresh_compile_env``).
 
@@ -50,11 +51,10 @@ def _compile(config: str, cfg: ModelConfig, cache: str, pycache: str) -> dict[st
         [
             sys.executable,
             "-m",
-            "benchmarks.kernels",
+            "benchmarks.compile_time",
             "--worker",
             config,
             json.dumps(asdict(cfg)),
-            "2",
         ],
         env=_env(cache, pycache),
         capture_output=True,
@@ -101,21 +101,57 @@ def run(rounds: int, layers: int) -> dict[str, Any]:
     return {"shape": asdict(cfg), "rounds": got, "summary": summary}
 
 
+def _caches(run: dict[str, Any]) -> str:
+    caches: dict[str, int] = run.get("caches", {})
+    return ", ".join(f"{k.split('.', 1)[1]} {v}" for k, v in sorted(caches.items()) if v) or "-"
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "| config | cold s | cold vs plain (per round) | warm s | warm vs plain (per round) |",
-        "|---|---:|---|---:|---|",
+        "| config | cold s | cold vs plain (per round) | warm s | warm vs plain (per round) "
+        "| warm caches (last round) |",
+        "|---|---:|---|---:|---|---|",
     ]
     for config, s in result["summary"].items():
         cold, warm = s["cold"], s["warm"]
         lines.append(
             f"| {config} | {cold['compile_s']:.1f} | {cold['ratio']:.2f} {cold['per_round']} | "
-            f"{warm['compile_s']:.1f} | {warm['ratio']:.2f} {warm['per_round']} |"
+            f"{warm['compile_s']:.1f} | {warm['ratio']:.2f} {warm['per_round']} | "
+            f"{_caches(result['rounds'][-1][config]['warm'])} |"
         )
     return "\n".join(lines)
 
 
+def _cache_counters() -> dict[str, int]:
+    """Inductor's FX-graph and AOTAutograd cache hits, misses and bypasses of this process:
+    what says whether a warm run was warm."""
+    from torch._dynamo.utils import counters
+
+    return {
+        f"{group}.{name}": int(value)
+        for group in ("inductor", "aot_autograd")
+        for name, value in counters[group].items()
+        if "cache" in name
+    }
+
+
+def _worker(config: str, shape: dict[str, Any]) -> dict[str, Any]:
+    """One compile in this fresh process, with the caches the environment sets (on).
+
+    Not ``python -m benchmarks.kernels --worker``: run as ``__main__`` that module switches
+    Inductor's caches off (its compiles are cold by design), which made every "warm" run a
+    cache miss that only reused the compiled C++ kernels."""
+    from benchmarks.kernels import _worker as compile_once
+
+    out = compile_once(config, ModelConfig(**shape), 2)
+    out["caches"] = _cache_counters()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
+        return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compile_time")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--layers", type=int, default=8)
