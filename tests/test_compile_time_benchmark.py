@@ -1,0 +1,45 @@
+"""``benchmarks.compile_time`` (issue 42, item 5): its warm run is warm. The second compile of
+the same job, a new process on the cache directory the first one filled, hits Inductor's
+FX-graph and AOTAutograd caches; its first version spawned ``benchmarks.kernels``' worker,
+which switches the caches off, and its "warm" runs recompiled everything but the C++."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: the one-layer kit (``benchmarks.kernels.QUICK_KIT``)
+QUICK = {"dim": 64, "n_layers": 1, "n_heads": 4, "ffn_dim": 128, "vocab": 128, "seq_len": 64}
+
+
+def _compile(cache: Path) -> dict[str, Any]:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache))
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compile_time", "--worker", "plain", json.dumps(QUICK)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.slow  # two compiles of the one-layer kit in fresh processes (~25 s on 2 cores)
+def test_warm_compile_hits_the_caches_the_cold_one_filled(tmp_path: Path) -> None:
+    cold = _compile(tmp_path)
+    warm = _compile(tmp_path)
+    assert cold["caches"].get("inductor.fxgraph_cache_miss") == 2, cold["caches"]
+    assert cold["caches"].get("aot_autograd.autograd_cache_saved") == 1, cold["caches"]
+    assert warm["caches"].get("inductor.fxgraph_cache_hit") == 2, warm["caches"]
+    assert warm["caches"].get("aot_autograd.autograd_cache_hit") == 1, warm["caches"]
