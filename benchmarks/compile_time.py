@@ -17,6 +17,7 @@ process per compile (this module's ``--worker``: ``benchmarks.kernels``' compile
 Python bytecode is warm in both (``benchmarks.fresh_compile_env``).
 
     uv run python -m benchmarks.compile_time [--rounds N] [--layers L] [--json PATH]
+        [--configs plain ap_default ap_full ap_full_prefetch]
 """
 
 from __future__ import annotations
@@ -70,15 +71,17 @@ def _compile(config: str, cfg: ModelConfig, cache: str, pycache: str) -> dict[st
     return out
 
 
-def run(rounds: int, layers: int) -> dict[str, Any]:
+def run(rounds: int, layers: int, configs: tuple[str, ...] = COMPILE_CONFIGS) -> dict[str, Any]:
+    if configs[0] != "plain":
+        raise ValueError(f"benchmarks.compile_time: the first config is plain's, got {configs}")
     cfg = replace(COMPILE_KIT, n_layers=layers)
     got: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="ap-compile-pycache-") as pycache:
-        for config in COMPILE_CONFIGS:  # untimed: fills the bytecode every compile imports
+        for config in configs:  # untimed: fills the bytecode every compile imports
             with tempfile.TemporaryDirectory(prefix="ap-compile-warmup-") as cache:
                 _compile(config, QUICK_KIT, cache, pycache)
         for index in range(rounds):
-            order = COMPILE_CONFIGS if index % 2 == 0 else tuple(reversed(COMPILE_CONFIGS))
+            order = configs if index % 2 == 0 else tuple(reversed(configs))
             row: dict[str, dict[str, Any]] = {}
             for config in order:
                 with tempfile.TemporaryDirectory(prefix="ap-compile-cache-") as cache:
@@ -87,7 +90,7 @@ def run(rounds: int, layers: int) -> dict[str, Any]:
                 row[config] = {"cold": cold, "warm": warm}
             got.append(row)
     summary: dict[str, Any] = {}
-    for config in COMPILE_CONFIGS:
+    for config in configs:
         summary[config] = {}
         for phase in ("cold", "warm"):
             seconds = [r[config][phase]["compile_s"] for r in got]
@@ -156,8 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--json")
+    parser.add_argument(
+        "--configs", nargs="+", default=list(COMPILE_CONFIGS), help="plain first (the ratios')"
+    )
     args = parser.parse_args(argv)
-    result = run(args.rounds, args.layers)
+    result = run(args.rounds, args.layers, tuple(args.configs))
     print(markdown(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

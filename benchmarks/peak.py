@@ -94,7 +94,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "batch": 2,
     },
 }
-KIT_ROWS = ("plain", "ap_default", "ap_unbucketed", "ap_full")
+KIT_ROWS = ("plain", "ap_default", "ap_unbucketed", "ap_full", "ap_full_prefetch")
 LLAMA_ROWS = ("plain", "ap_default", "ap_unbucketed")
 
 

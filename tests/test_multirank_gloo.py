@@ -1,9 +1,10 @@
 """2 gloo ranks, 4 SGD steps: the two-stage compile (precompile + autoparallel_backend) matches
 eager per step -- loss and every parameter's (sharded) grad at rtol 1e-5 fp32 -- with AC off,
-AC on, and ap-bucketing with overlap scheduling in both of torch's bucket forms, each named
+AC on, ap-bucketing with overlap scheduling in both of torch's bucket forms, each named
 explicitly (``"custom_ops"``, the default, gave NaN losses until ap-bucketing kept the overlap
-scheduler from hoisting reads of a bucket's members above the ``out=`` copy that fills them).
-One spawn runs all four configurations."""
+scheduler from hoisting reads of a bucket's members above the ``out=`` copy that fills them),
+and the full configuration on ap's own FSDP schedule (``overlap_scheduling="prefetch"``: AC and
+copy-free coalesced buckets). One spawn runs all five configurations."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ VARIANTS = (
         "bucketing_overlap_default_form",
         {"bucketing": BucketingConfig(bucket_mode="default"), "overlap_scheduling": True},
     ),
+    # the full configuration on ap's FSDP schedule: AC, copy-free (coalesced) buckets
+    Variant("full_prefetch", {"enable_ac": True, "overlap_scheduling": "prefetch"}),
 )
 
 
@@ -68,6 +71,15 @@ def test_bucketing_formed_buckets_forward_and_backward(ranks: list[dict[str, Any
     v = ranks[0]["variants"]["bucketing_overlap"]
     assert [c["is_backward"] for c in v["inner_compiles"]] == [False, True]
     assert sum(v["buckets"]) >= 2  # at least one bucket per graph
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_prefetch_schedule_formed_coalesced_buckets(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks:
+        v = r["variants"]["full_prefetch"]
+        assert [c["is_backward"] for c in v["inner_compiles"]] == [False, True]
+        assert sum(v["buckets"]) >= 2, v["buckets"]
 
 
 @pytest.mark.multirank

@@ -15,6 +15,8 @@ from ap_bucketing import BucketingConfig
         ({"ac_stage_size_gib": -1.5}, "ac_stage_size_gib"),
         ({"ac_stage_size_gib": "big"}, "ac_stage_size_gib"),
         ({"partitioner": "greedy"}, "partitioner"),
+        ({"overlap_scheduling": "fast"}, "overlap_scheduling"),
+        ({"overlap_scheduling": "prefetch", "bucketing": False}, "overlap_scheduling"),
     ],
 )
 def test_disallowed_value_raises_value_error_naming_it(
@@ -90,3 +92,35 @@ def test_partitioner_pickles_for_inductor_cache_key_without_cycles() -> None:
     FxGraphCachePickler(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())).dumps(part)
     assert pickle.loads(pickle.dumps(part)).uuid() == part.uuid()
     assert copy.deepcopy(part) is part
+
+
+def test_prefetch_schedule_buckets_copy_free_unless_given_a_config() -> None:
+    """``overlap_scheduling="prefetch"``: ap-bucketing's FSDP schedule in the post-grad pass
+    (not torch's scheduler), with the copy-free bucket form by default -- torch's scheduler is
+    what ruled that form out -- and a config of the caller's own kept as given."""
+    from ap_bucketing import OverlapBucketingPass
+
+    options = autoparallel_backend(overlap_scheduling="prefetch").options
+    assert options.bucketing == BucketingConfig(bucket_mode="coalesced")
+    assert autoparallel_backend(
+        overlap_scheduling="prefetch", bucketing=True
+    ).options.bucketing == (BucketingConfig(bucket_mode="coalesced"))
+    own = BucketingConfig(bucket_mode="custom_ops", prefetch_depth=2)
+    assert (
+        autoparallel_backend(overlap_scheduling="prefetch", bucketing=own).options.bucketing is own
+    )
+    patches = autoparallel_backend(overlap_scheduling="prefetch")._persistent_patches
+    post_pass = patches["post_grad_custom_post_pass"]
+    assert isinstance(post_pass, OverlapBucketingPass)
+    assert (post_pass.reorder, post_pass.config.bucket_mode) == ("prefetch", "coalesced")
+    assert patches["aten_distributed_optimizations.enable_overlap_scheduling"] is False
+    torch_scheduler = autoparallel_backend(overlap_scheduling=True)._persistent_patches
+    assert torch_scheduler["post_grad_custom_post_pass"].reorder is True
+
+
+def test_prefetch_schedule_is_refused_with_ep_chunk() -> None:
+    import ap_epchunk
+
+    chunk = ap_epchunk.ChunkConfig(("layers.*.moe",), num_chunks=2)
+    with pytest.raises(ValueError, match="overlap_scheduling='prefetch' with ep_chunk"):
+        autoparallel_backend(ep_chunk=chunk, overlap_scheduling="prefetch")

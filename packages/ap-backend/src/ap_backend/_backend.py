@@ -225,7 +225,7 @@ class AutoParallelBackend:
             }
         )
         with contextlib.ExitStack() as stack:
-            if opts.overlap_scheduling and opts.bucketing is None:
+            if opts.overlap_scheduling is True and opts.bucketing is None:
                 stack.enter_context(ap_bucketing.cpu_overlap_estimators(not has_gpu()))
             stats = stack.enter_context(ap_bucketing.collect_stats())
             compiled = _compat.compile_fx_inner()(gm, example_inputs, **kwargs)
@@ -265,7 +265,7 @@ def autoparallel_backend(
     *,
     enable_ac: bool = False,
     ac_stage_size_gib: float | str = "auto",
-    overlap_scheduling: bool = False,
+    overlap_scheduling: bool | str = False,
     bucketing: ap_bucketing.BucketingConfig | bool | str | None = "auto",
     ep_chunk: ap_epchunk.ChunkConfig | None = None,
     partitioner: str | Any | None = None,
@@ -275,8 +275,13 @@ def autoparallel_backend(
 
     * ``enable_ac``: run ap-tags' AC staging pass on the joint graph (``ac_stage_size_gib``:
       ``"auto"`` or a positive size in GiB).
-    * ``overlap_scheduling``: Inductor's overlap scheduler for forward and backward (works on
-      CPU-only machines: analytical estimators, no fusion regions).
+    * ``overlap_scheduling``: ``True``: Inductor's overlap scheduler for forward and backward
+      (works on CPU-only machines: analytical estimators, no fusion regions). ``"prefetch"``:
+      ap-bucketing's FSDP schedule instead (FSDP2's and torchtitan graph_trainer's order: each
+      block's all-gather bucket issued once the previous block's is waited, each
+      reduce-scatter waited before the next is issued, nothing else moved; no cost model),
+      with the copy-free bucket form (``BucketingConfig(bucket_mode="coalesced")``) unless
+      ``bucketing`` is a config of your own; needs bucketing, refused with ``ep_chunk``.
     * ``bucketing``: topo-span-bounded FSDP bucketing for every graph this backend compiles,
       including the lazy backward -- on by default (``"auto"``: ``ap_bucketing.
       BucketingConfig()``, except with ``ep_chunk`` and without ``overlap_scheduling``, where

@@ -22,7 +22,14 @@ from ap_tags.checks import describe, require_bool, require_instance
 
 from ap_backend import _compat
 
-__all__ = ["BackendOptions", "Partitioner", "PartitionerChoice", "validate_options"]
+__all__ = [
+    "PREFETCH",
+    "BackendOptions",
+    "OverlapChoice",
+    "Partitioner",
+    "PartitionerChoice",
+    "validate_options",
+]
 
 
 class Partitioner(Protocol):
@@ -39,12 +46,17 @@ PartitionerChoice: TypeAlias = Literal["save_all", "min_cut"] | Partitioner
 
 _PARTITIONER_NAMES = ("save_all", "min_cut")
 
+#: ``overlap_scheduling="prefetch"``: ap-bucketing's FSDP prefetch schedule instead of torch's
+#: cost-model scheduler (``ap_bucketing.OverlapBucketingPass(reorder="prefetch")``)
+PREFETCH = "prefetch"
+OverlapChoice: TypeAlias = bool | Literal["prefetch"]
+
 
 @dataclass(frozen=True)
 class BackendOptions:
     enable_ac: bool
     ac_stage_size_gib: float | Literal["auto"]
-    overlap_scheduling: bool
+    overlap_scheduling: OverlapChoice
     bucketing: BucketingConfig | None
     ep_chunk: ap_epchunk.ChunkConfig | None
     partitioner: PartitionerChoice
@@ -62,7 +74,7 @@ AUTO_BUCKETING = "auto"
 def auto_bucketing(ep_chunk: object, overlap_scheduling: object) -> bool:
     """What ``bucketing="auto"`` (the default) means for these options (see
     :data:`AUTO_BUCKETING`)."""
-    return ep_chunk is None or overlap_scheduling is True
+    return ep_chunk is None or overlap_scheduling is True or overlap_scheduling == PREFETCH
 
 
 def _check_bucketing(value: object, where: str) -> BucketingConfig | None:
@@ -77,6 +89,42 @@ def _check_bucketing(value: object, where: str) -> BucketingConfig | None:
         arg="bucketing",
         expected="'auto', None, a bool or an ap_bucketing.BucketingConfig",
     )
+
+
+def _check_overlap(value: object, where: str) -> OverlapChoice:
+    if value == PREFETCH:
+        return "prefetch"
+    if isinstance(value, str):
+        raise ValueError(
+            f"{where}: overlap_scheduling must be a bool or {PREFETCH!r}, got {value!r}"
+        )
+    return require_bool(value, where=where, arg="overlap_scheduling")
+
+
+def _prefetch_bucketing(
+    bucketing: object, resolved: BucketingConfig | None, ep_chunk: object, where: str
+) -> BucketingConfig:
+    """The bucketing of ``overlap_scheduling="prefetch"``: the copy-free form
+    (``bucket_mode="coalesced"``) unless the caller passed a ``BucketingConfig`` of their own.
+
+    Why coalesced there: torch's overlap scheduler takes one wait per collective, so with it a
+    bucket must be a flat buffer copied out to its members (``"custom_ops"``); ap's prefetch
+    schedule moves whole buckets, so each member can be gathered into and reduced from its own
+    tensor. Refused: no bucketing (the schedule orders buckets), and ``ep_chunk`` (the chunk
+    schedule's order has been measured under torch's scheduler only)."""
+    if ep_chunk is not None:
+        raise ValueError(
+            f"{where}: overlap_scheduling={PREFETCH!r} with ep_chunk: the chunk schedule has "
+            "been measured under torch's overlap scheduler (overlap_scheduling=True) only"
+        )
+    if resolved is None:
+        raise ValueError(
+            f"{where}: overlap_scheduling={PREFETCH!r} orders FSDP buckets and needs bucketing; "
+            f"got bucketing={bucketing!r}"
+        )
+    if isinstance(bucketing, BucketingConfig):
+        return bucketing
+    return BucketingConfig(bucket_mode="coalesced")
 
 
 def _check_ep_chunk(value: object, where: str) -> ap_epchunk.ChunkConfig | None:
@@ -134,19 +182,21 @@ def validate_options(
             "partitioner instance, pass ap_partitioner.SaveAllPartitioner("
             "activation_budget_bytes=...)"
         )
+    overlap = _check_overlap(overlap_scheduling, where)
+    chunk = _check_ep_chunk(ep_chunk, where)
+    resolved = _check_bucketing(
+        auto_bucketing(chunk, overlap) if bucketing == AUTO_BUCKETING else bucketing, where
+    )
+    if overlap == PREFETCH:
+        resolved = _prefetch_bucketing(bucketing, resolved, chunk, where)
     return BackendOptions(
         enable_ac=require_bool(enable_ac, where=where, arg="enable_ac"),
         ac_stage_size_gib=ap_tags.check_stage_size(
             ac_stage_size_gib, where=where, arg="ac_stage_size_gib"
         ),
-        overlap_scheduling=require_bool(overlap_scheduling, where=where, arg="overlap_scheduling"),
-        bucketing=_check_bucketing(
-            auto_bucketing(ep_chunk, overlap_scheduling)
-            if bucketing == AUTO_BUCKETING
-            else bucketing,
-            where,
-        ),
-        ep_chunk=_check_ep_chunk(ep_chunk, where),
+        overlap_scheduling=overlap,
+        bucketing=resolved,
+        ep_chunk=chunk,
         partitioner=choice,
         activation_budget_bytes=budget,
     )

@@ -7,7 +7,8 @@ returned.
 
 * With ap-bucketing: ap-bucketing's own patches (its ``OverlapBucketingPass`` as the post-grad
   post pass: FSDP pre-bucketing under the topo-span rules, then torch's scheduler when
-  ``reorder``), which already carry the CPU estimator recipe.
+  ``overlap_scheduling=True``, ap's FSDP prefetch schedule when ``"prefetch"``), which
+  already carry the CPU estimator recipe.
 * Without: torch's built-in overlap scheduler. On a machine without a GPU its default
   estimators ask triton/CUDA for bandwidth and timings and fail, so the CPU recipe applies:
   analytical compute estimator, ap-bucketing's CPU runtime estimation, no fusion regions, and
@@ -36,14 +37,16 @@ def has_gpu() -> bool:
 
 def overlap_config_patches(
     *,
-    overlap_scheduling: bool,
+    overlap_scheduling: bool | str,
     bucketing: ap_bucketing.BucketingConfig | None,
     max_compute_pre_fetch: int = 10,
 ) -> dict[str, Any]:
-    """The ``compile_fx(config_patches=...)`` dict for these options (empty when neither)."""
+    """The ``compile_fx(config_patches=...)`` dict for these options (empty when neither).
+    ``overlap_scheduling="prefetch"`` (with bucketing: the options refuse it without) is
+    ap-bucketing's FSDP prefetch schedule in place of torch's scheduler."""
     if bucketing is not None:
         return dict(ap_bucketing.overlap_config_patches(bucketing, reorder=overlap_scheduling))
-    if not overlap_scheduling:
+    if overlap_scheduling is not True:
         return {}
     patches: dict[str, Any] = {
         _PREFIX + "enable_overlap_scheduling": True,
