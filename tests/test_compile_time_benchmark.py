@@ -1,7 +1,11 @@
 """``benchmarks.compile_time`` (issue 42, item 5): its warm run is warm. The second compile of
 the same job, a new process on the cache directory the first one filled, hits Inductor's
 FX-graph and AOTAutograd caches; its first version spawned ``benchmarks.kernels``' worker,
-which switches the caches off, and its "warm" runs recompiled everything but the C++."""
+which switches the caches off, and its "warm" runs recompiled everything but the C++.
+
+And a restarted job of the copy-free bucket form runs: its warm FX-graph cache serves code that
+calls ``ap_bucketing::pack_shards`` without running the pass that first registered the op
+(``AttributeError: ... no attribute 'pack_shards'`` until the pass registered it when made)."""
 
 from __future__ import annotations
 
@@ -19,11 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICK = {"dim": 64, "n_layers": 1, "n_heads": 4, "ffn_dim": 128, "vocab": 128, "seq_len": 64}
 
 
-def _compile(cache: Path) -> dict[str, Any]:
+def _compile(cache: Path, config: str = "plain") -> dict[str, Any]:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache))
     env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compile_time", "--worker", "plain", json.dumps(QUICK)],
+        [sys.executable, "-m", "benchmarks.compile_time", "--worker", config, json.dumps(QUICK)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -43,3 +47,11 @@ def test_warm_compile_hits_the_caches_the_cold_one_filled(tmp_path: Path) -> Non
     assert cold["caches"].get("aot_autograd.autograd_cache_saved") == 1, cold["caches"]
     assert warm["caches"].get("inductor.fxgraph_cache_hit") == 2, warm["caches"]
     assert warm["caches"].get("aot_autograd.autograd_cache_hit") == 1, warm["caches"]
+
+
+@pytest.mark.slow  # two compiles of the one-layer kit, AC + prefetch + coalesced (~60 s)
+def test_a_restarted_copy_free_job_runs_from_the_warm_cache(tmp_path: Path) -> None:
+    cold = _compile(tmp_path, "ap_full_prefetch")
+    warm = _compile(tmp_path, "ap_full_prefetch")
+    assert cold["caches"].get("inductor.fxgraph_cache_miss") == 2, cold["caches"]
+    assert warm["caches"].get("inductor.fxgraph_cache_hit") == 2, warm["caches"]

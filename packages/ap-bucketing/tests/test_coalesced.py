@@ -74,3 +74,27 @@ def test_gradient_reduce_scatters_are_coalesced_and_the_write_order_kept(group: 
 def test_torchs_overlap_scheduler_is_refused_naming_the_alternatives() -> None:
     with pytest.raises(ValueError, match=r"coalesced.*reorder=True.*'prefetch'"):
         OverlapBucketingPass(BucketingConfig(bucket_mode="coalesced"), cpu=True, reorder=True)
+
+
+def test_the_pack_op_is_registered_by_making_the_pass_before_any_compile() -> None:
+    """A restarted job's warm FX-graph cache serves compiled code calling
+    ``ap_bucketing::pack_shards`` without running the pass that would register it on first
+    use: making the pass registers it (a fresh process: this one may have it already)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from ap_bucketing import BucketingConfig, OverlapBucketingPass\n"
+        "assert not hasattr(torch.ops.ap_bucketing, 'pack_shards')\n"
+        "OverlapBucketingPass(BucketingConfig(bucket_mode='custom_ops'), cpu=True)\n"
+        "assert not hasattr(torch.ops.ap_bucketing, 'pack_shards')\n"
+        "OverlapBucketingPass(BucketingConfig(bucket_mode='coalesced'), reorder='prefetch')\n"
+        "x = torch.ones(3, dtype=torch.float32)\n"
+        "out = torch.ops.ap_bucketing.pack_shards([x, x], torch.bfloat16)\n"
+        "assert out.dtype == torch.bfloat16 and out.shape == (6,)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -59,7 +59,8 @@ def _ops() -> dict[str, Any]:
 def pack_shards_op() -> Any:
     """``ap_bucketing::pack_shards(Tensor[] shards, ScalarType dtype) -> Tensor``: the shards
     cast to ``dtype`` and concatenated flat (registered on first use: importing ap-bucketing
-    registers nothing)."""
+    registers nothing; an ``OverlapBucketingPass`` of the coalesced form registers it when it
+    is made, before any compile, so code a warm cache serves finds it)."""
 
     @torch.library.custom_op("ap_bucketing::pack_shards", mutates_args=())
     def pack_shards(shards: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from . import _compat
 from ._checks import require_bool, require_instance, require_node
-from ._coalesced import bucket_coalesced
+from ._coalesced import bucket_coalesced, pack_shards_op
 from ._coalesced import cap_fn as coalesced_cap_fn
 from ._config import COALESCED, BucketingConfig, resolve_config
 from ._contiguous import contiguous_bucket_inputs
@@ -173,6 +173,11 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
                 "scheduler takes one wait per collective and a coalesced bucket has one per "
                 f"member; use reorder={PREFETCH!r} (ap's FSDP schedule) or reorder=False"
             )
+        if self.config.bucket_mode == COALESCED:
+            # registered now, not when the pass first buckets: a warm FX-graph cache serves
+            # the compiled code that calls it without running this pass (the restarted job
+            # failed with "no attribute 'pack_shards'")
+            pack_shards_op()
         _check_schedule_overrides(schedule_overrides)
         self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
         self.reports: list[dict[str, object]] = []
