@@ -175,6 +175,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("ap_unbucketed", "the same, `bucketing=False`"),
     ("ap_budget", "`activation_budget_bytes=` half of SaveAll's"),
     ("ap_full", "full: `precompile(joint_pass=ac_joint_pass())` + AC, bucketing, overlap"),
+    ("ap_prefetch", '`overlap_scheduling="prefetch"` (ap\'s FSDP schedule, copy-free buckets)'),
     (
         "ap_full_prefetch",
         'full, `overlap_scheduling="prefetch"` (ap\'s FSDP schedule, copy-free buckets)',
@@ -199,6 +200,7 @@ COST = {
     "ap_unbucketed": 1.4,
     "ap_budget": 2.4,
     "ap_full": 2.5,
+    "ap_prefetch": 2.0,
     "ap_full_prefetch": 2.5,
 }
 #: A warm run's seconds over its cold run's, until one warm run is measured.
@@ -350,6 +352,9 @@ def _make(
     if key == "ap_full":
         pm = precompile(model, batch, joint_pass=ap_tags.ac_joint_pass())
         backend = autoparallel_backend(enable_ac=True, bucketing=True, overlap_scheduling=True)
+    elif key == "ap_prefetch":
+        pm = precompile(model, batch)
+        backend = autoparallel_backend(overlap_scheduling="prefetch")
     elif key == "ap_full_prefetch":
         pm = precompile(model, batch, joint_pass=ap_tags.ac_joint_pass())
         backend = autoparallel_backend(enable_ac=True, overlap_scheduling="prefetch")
