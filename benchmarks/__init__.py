@@ -7,10 +7,36 @@ the workspace test kit (``ap_testing``) for the fake process group.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable, Sequence
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["fresh_compile_env", "markdown_table"]
+__all__ = ["fresh_compile_env", "markdown_table", "run_worker"]
+
+
+def run_worker(module: str, args: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """``python -m <module> --worker <args>`` in a fresh process with ``env``: the JSON object
+    on the last line of its stdout, plus ``load_before`` / ``load_after`` (the 1-minute load
+    average around it: this machine is shared). A worker that fails raises ``RuntimeError``
+    with the last lines of what it printed."""
+    load = os.getloadavg()[0]
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--worker", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"{module} worker {list(args)[:1]} failed: " + " | ".join(tail))
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["load_before"] = round(load, 2)
+    out["load_after"] = round(os.getloadavg()[0], 2)
+    return out
 
 
 def fresh_compile_env(inductor_cache: str, pycache: str) -> dict[str, str]:

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, replace
@@ -35,7 +33,7 @@ from typing import Any
 
 from ap_backend.models import ModelConfig
 
-from benchmarks import fresh_compile_env
+from benchmarks import fresh_compile_env, run_worker
 from benchmarks.kernels import COMPILE_CONFIGS, COMPILE_KIT, QUICK_KIT
 
 
@@ -47,26 +45,9 @@ def _env(cache: str, pycache: str) -> dict[str, str]:
 
 
 def _compile(config: str, cfg: ModelConfig, cache: str, pycache: str) -> dict[str, Any]:
-    load = os.getloadavg()[0]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.compile_time",
-            "--worker",
-            config,
-            json.dumps(asdict(cfg)),
-        ],
-        env=_env(cache, pycache),
-        capture_output=True,
-        text=True,
-        check=False,
+    out = run_worker(
+        "benchmarks.compile_time", [config, json.dumps(asdict(cfg))], _env(cache, pycache)
     )
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise RuntimeError(f"{config} compile failed: " + " | ".join(tail))
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["load_before"] = round(load, 2)
     print(f"  {config}: {out}", file=sys.stderr, flush=True)
     return out
 

@@ -35,7 +35,6 @@ if __name__ == "__main__":
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from typing import Any
 
 from ap_backend.models import ModelConfig
 
-from benchmarks import fresh_compile_env, markdown_table
+from benchmarks import fresh_compile_env, markdown_table, run_worker
 
 KERNEL_ROWS = ("plain", "tagged_min_cut", "ap_default", "ap_full")
 COMPILE_CONFIGS = ("plain", "ap_default", "ap_full")
@@ -164,28 +163,7 @@ def _worker(config: str, cfg: ModelConfig, steps: int) -> dict[str, Any]:
 def _spawn(config: str, cfg: ModelConfig, steps: int, pycache: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ap-bench-inductor-") as cache:
         env = fresh_compile_env(cache, pycache)
-        load = os.getloadavg()[0]
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.kernels",
-                "--worker",
-                config,
-                json.dumps(asdict(cfg)),
-                str(steps),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"{config} compile failed: " + " | ".join(tail))
-        out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        out["load_before"] = round(load, 2)
-        out["load_after"] = round(os.getloadavg()[0], 2)
+        out = run_worker("benchmarks.kernels", [config, json.dumps(asdict(cfg)), str(steps)], env)
         print(f"  compile {config}: {out}", file=sys.stderr, flush=True)
         return out
 

@@ -22,17 +22,15 @@ generated wrappers, forward + backward).
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import fresh_compile_env, markdown_table
+from benchmarks import fresh_compile_env, markdown_table, run_worker
 
 #: configuration -> autoparallel_backend options (None: stock Inductor, no first compilation)
 CONFIGS: dict[str, dict[str, bool] | None] = {
@@ -105,21 +103,8 @@ def _spawn(config: str, size: dict[str, int], pycache: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ap-bench-inductor-") as cache:
         env = fresh_compile_env(cache, pycache)
         args = [str(size[k]) for k in ("layers", "dim", "seq", "steps")]
-        load = os.getloadavg()[0]
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.real_models_compile", "--worker", config, *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"{config} compile failed: " + " | ".join(tail))
-        out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = run_worker("benchmarks.real_models_compile", [config, *args], env)
         out["kernels"] = _kernels(Path(cache))
-        out["load_before"] = round(load, 2)
-        out["load_after"] = round(os.getloadavg()[0], 2)
         return out
 
 

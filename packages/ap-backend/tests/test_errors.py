@@ -40,7 +40,7 @@ for option, value, exc in [
     ("ac_stage_size_gib", True, TypeError),
     ("ac_stage_size_gib", [1], TypeError),
     ("overlap_scheduling", 1, TypeError),
-    ("overlap_scheduling", "no", TypeError),
+    ("overlap_scheduling", "no", ValueError),
     ("bucketing", "x", TypeError),
     ("bucketing", 3, TypeError),
     ("bucketing", 1500, TypeError),
