@@ -42,6 +42,15 @@ from ._sizes import hint_int
 log = logging.getLogger(__name__)
 
 _CASTS = ("convert_element_type", "_to_copy")
+#: node meta a merged collective and its waits carry over from the nodes they replace
+_META_KEYS = ("custom", "nn_module_stack", "autograd_backward", "partitioner_tag")
+
+
+def _copy_meta(src: fx.Node, *dsts: fx.Node) -> None:
+    for key in _META_KEYS:
+        if key in src.meta:
+            for dst in dsts:
+                dst.meta[key] = src.meta[key]
 
 
 @functools.cache
@@ -135,10 +144,7 @@ def _merge_all_gathers(graph: fx.Graph, bucket: list[fx.Node], pos: dict[fx.Node
         )
         world = int(str(group_size))
         coll.meta["val"] = [pack.meta["val"].new_empty((world * s,)) for s in int_sizes]
-        for key in ("custom", "nn_module_stack", "autograd_backward", "partitioner_tag"):
-            if key in first.meta:
-                for node in (pack, coll):
-                    node.meta[key] = first.meta[key]
+        _copy_meta(first, pack, coll)
         outs = []
         for index in range(len(bucket)):
             out = graph.call_function(operator.getitem, (coll, index))
@@ -154,9 +160,7 @@ def _merge_all_gathers(graph: fx.Graph, bucket: list[fx.Node], pos: dict[fx.Node
                 torch.ops.aten.view.default, (wait, list(gathered_vals[index].shape))
             )
             full.meta["val"] = gathered_vals[index]
-            for key in ("custom", "nn_module_stack", "autograd_backward", "partitioner_tag"):
-                if key in old_wait.meta:
-                    full.meta[key] = wait.meta[key] = old_wait.meta[key]
+            _copy_meta(old_wait, full, wait)
         old_wait.replace_all_uses_with(full)
         graph.erase_node(old_wait)
         cast = ag.args[0]
@@ -179,9 +183,7 @@ def _merge_reduce_scatters(graph: fx.Graph, bucket: list[fx.Node], pos: dict[fx.
             (inputs, reduce_op, group_size, group_name),
         )
     coll.meta["val"] = [_val(rs) for rs in bucket]
-    for key in ("custom", "nn_module_stack", "autograd_backward", "partitioner_tag"):
-        if key in first.meta:
-            coll.meta[key] = first.meta[key]
+    _copy_meta(first, coll)
     anchor = coll
     outs = []
     for index in range(len(bucket)):
@@ -190,11 +192,12 @@ def _merge_reduce_scatters(graph: fx.Graph, bucket: list[fx.Node], pos: dict[fx.
         out.meta["val"] = coll.meta["val"][index]
         outs.append(out)
         anchor = out
-    pos = {n: i for i, n in enumerate(graph.nodes)}
     for index, rs in enumerate(bucket):
         old_wait = _wait_of(rs)
         assert old_wait is not None
-        target = old_wait if pos[old_wait] > pos[anchor] else anchor.next
+        # the coalesced collective and its getitems sit right after the last input: an
+        # original node after that input is after them too
+        target = old_wait if pos[old_wait] > pos[last_input] else anchor.next
         with graph.inserting_before(target):
             wait = graph.call_function(_compat.wait_tensor_op(), (outs[index],))
         wait.meta.update(
@@ -240,8 +243,10 @@ def bucket_coalesced(
             gm, cap_mb, filter_node, _group_key, filter_wait, config=config
         )
         count = 0
+        # merging inserts and erases nodes but moves none: the order of the nodes the buckets
+        # refer to (collectives, their inputs and waits) stays the one numbered here
+        pos = {n: i for i, n in enumerate(gm.graph.nodes)}
         for bucket in buckets:
-            pos = {n: i for i, n in enumerate(gm.graph.nodes)}
             if any(_wait_of(c) is None for c in bucket):
                 continue
             merge = _merge_all_gathers if kind == "all_gather" else _merge_reduce_scatters
