@@ -125,6 +125,7 @@ from dataclasses import asdict, dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import ap_bucketing  # noqa: E402
 import ap_tags  # noqa: E402
 import torch  # noqa: E402
 from ap_backend import SavedSummary, autoparallel_backend, measure_saved, precompile  # noqa: E402
@@ -180,6 +181,11 @@ ROWS: tuple[tuple[str, str], ...] = (
         "ap_full_prefetch",
         'full, `overlap_scheduling="prefetch"` (ap\'s FSDP schedule, copy-free buckets)',
     ),
+    # on request only (benchmarks.peak's comparisons): the bucketing of before issue 42, and
+    # the copy-free bucket form without ap's schedule
+    ("ap_modelwide", "model-wide buckets (`block_buckets=False`, no prefetch window)"),
+    ("ap_coalesced", 'the default with `BucketingConfig(bucket_mode="coalesced")`'),
+    ("ap_full_coalesced", 'AC + `BucketingConfig(bucket_mode="coalesced")`, no overlap scheduler'),
 )
 #: The issue's six rows (``ap_budget`` after ``ap_default``, whose saved bytes it halves).
 ISSUE_ROWS = ("plain", "plain_budget", "ap_default", "ap_unbucketed", "ap_budget", "ap_full")
@@ -372,6 +378,15 @@ def _make(
     elif key == "ap_default":
         pm = precompile(model, batch)
         backend = autoparallel_backend()
+    elif key == "ap_modelwide":
+        pm = precompile(model, batch)
+        modelwide = ap_bucketing.BucketingConfig(block_buckets=False, prefetch_depth=None)
+        backend = autoparallel_backend(bucketing=modelwide)
+    elif key in ("ap_coalesced", "ap_full_coalesced"):
+        full = key == "ap_full_coalesced"
+        pm = precompile(model, batch, joint_pass=ap_tags.ac_joint_pass() if full else None)
+        coalesced = ap_bucketing.BucketingConfig(bucket_mode="coalesced")
+        backend = autoparallel_backend(bucketing=coalesced, enable_ac=full)
     else:
         raise ValueError(f"benchmarks.gpu: unknown row {key!r}")
     return torch.compile(pm, backend=backend), backend, budget

@@ -20,7 +20,8 @@ own process so no compile cache or allocator state is shared):
 * ``ap_full``: ``precompile(joint_pass=ac_joint_pass())`` + AC, bucketing, overlap;
 * ``ap_modelwide`` (on request): the default with the bucketing of before issue 42
   (``BucketingConfig(block_buckets=False, prefetch_depth=None)``: buckets bounded by bytes and
-  topological span only);
+  topological span only); ``ap_coalesced`` / ``ap_full_coalesced`` (on request): the copy-free
+  bucket form without ap's schedule (rows of ``benchmarks.gpu``, like every row here);
 
 plus, for torchtitan's Llama3 through the zoo's builder, ``plain``, ``ap_default`` and
 ``ap_unbucketed``.
@@ -100,7 +101,7 @@ LLAMA_ROWS = ("plain", "ap_default", "ap_unbucketed")
 
 def step_peak_bytes(step: Callable[[], None]) -> int:
     """Largest running sum of the CPU allocation events of one call of ``step``."""
-    import torch
+    from torch._C._autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -111,7 +112,7 @@ def step_peak_bytes(step: Callable[[], None]) -> int:
     events = [
         (e.start_ns(), e.nbytes())
         for e in kineto.events()
-        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
     ]
     events.sort(key=lambda e: e[0])
     alive = peak = 0
@@ -160,23 +161,7 @@ def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
                 from ap_tags import annotate_module_fqns
 
                 stack.enter_context(annotate_module_fqns(inner))
-            if row in ("ap_modelwide", "ap_coalesced", "ap_full_coalesced"):
-                import ap_bucketing
-                import ap_tags
-                from ap_backend import autoparallel_backend, precompile
-
-                if row == "ap_modelwide":
-                    cfg = ap_bucketing.BucketingConfig(block_buckets=False, prefetch_depth=None)
-                else:
-                    cfg = ap_bucketing.BucketingConfig(bucket_mode="coalesced")
-                full = row == "ap_full_coalesced"
-                joint = ap_tags.ac_joint_pass() if full else None
-                backend = autoparallel_backend(bucketing=cfg, enable_ac=full)
-                compiled = torch.compile(
-                    precompile(model, batch, joint_pass=joint), backend=backend
-                )
-            else:
-                compiled, backend = _compiled(row, model, batch, None)
+            compiled, backend = _compiled(row, model, batch, None)
 
         def step() -> None:
             loss = compiled(*batch)
