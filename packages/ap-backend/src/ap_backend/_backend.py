@@ -35,6 +35,7 @@ from ap_tags.checks import require_graph_module, require_instance
 from ap_tags.tracing import aot_input_index, scalar_outputs_allowed
 
 from ap_backend import _compat
+from ap_backend._aot_cache import first_compilation_calls_cacheable, key_first_compilation_calls
 from ap_backend._artifacts import emit_json, emit_string
 from ap_backend._options import BackendOptions, validate_options
 from ap_backend._overlap import has_gpu, overlap_config_patches
@@ -247,10 +248,21 @@ class AutoParallelBackend:
         needs_joint_pass = opts.enable_ac or opts.ep_chunk is not None
         start = time.perf_counter()
         joint_pass = functools.partial(self._joint_pass, graph_inputs=list(example_inputs))
-        with (
-            partitioning(self._partitioner, joint_pass if needs_joint_pass else None),
-            scalar_outputs_allowed(example_inputs),
-        ):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(
+                partitioning(self._partitioner, joint_pass if needs_joint_pass else None)
+            )
+            stack.enter_context(scalar_outputs_allowed(example_inputs))
+            # EP chunking reads chunk-dim marks off the input tensors, which the cache key
+            # does not see: its graphs keep bypassing AOTAutograd's cache
+            keyed = key_first_compilation_calls(gm) if opts.ep_chunk is None else 0
+            if keyed:
+                log.info(
+                    "autoparallel_backend: %d call(s) of a first compilation keyed by content "
+                    "for AOTAutograd's cache",
+                    keyed,
+                )
+                stack.enter_context(first_compilation_calls_cacheable())
             compiled = _compat.compile_fx()(
                 gm,
                 example_inputs,

@@ -397,3 +397,61 @@ def inductor_has_option(dotted: str) -> bool:
             return False
         node = getattr(node, part)
     return True
+
+
+# --------------------------------------------------------------------------- AOTAutograd's cache
+
+#: Where Dynamo's call of a ``nonstrict_trace``'d function lands in its graph: a closure made
+#: per call site, ``torch._dynamo.variables.torch.<...>.flat_apply_capture(callable, in_spec,
+#: *flat_args)`` (torch 2.15). Another torch names it otherwise, and nothing is rewritten.
+_NONSTRICT_CAPTURE = ("torch._dynamo.variables.torch", "flat_apply_capture")
+_FLAT_APPLY = "torch._higher_order_ops.flat_apply"
+_LEAF_CALLABLE = "torch._higher_order_ops.invoke_leaf_function"
+
+
+def is_nonstrict_capture(target: object) -> bool:
+    """Is ``target`` Dynamo's per-call-site closure around a ``nonstrict_trace``'d call?"""
+    module, name = _NONSTRICT_CAPTURE
+    return getattr(target, "__module__", None) == module and getattr(target, "__name__", "") == name
+
+
+def leaf_callable_function(value: object) -> Callable[..., Any] | None:
+    """The function a Dynamo ``_LeafCallable`` (the graph attribute a nonstrict call passes to
+    ``flat_apply``) calls, or None when ``value`` is not one."""
+    leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
+    if type(value) is not leaf:
+        return None
+    fn = getattr(value, "_fn", None)
+    return fn if callable(fn) else None
+
+
+def leaf_callable(fn: Callable[..., Any]) -> Any:
+    """A ``_LeafCallable`` calling ``fn`` (``flat_apply`` accepts only registered classes)."""
+    leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
+    return leaf(fn)
+
+
+def flat_apply_flat_outputs(*args: Any) -> list[object]:
+    """What Dynamo's ``flat_apply_capture`` computes: ``flat_apply(callable, in_spec,
+    *flat_args)``, its output flattened to graphable leaves."""
+    module: Any = SUPPORT.attrs(_FLAT_APPLY, ("flat_apply", "to_graphable"))
+    out = module.flat_apply(*args, checked_output=False)
+    flat, _ = module.to_graphable(out)
+    result: list[object] = flat
+    return result
+
+
+def marked_cacheable_functions() -> dict[str, str]:
+    """``torch._inductor.config.unsafe_marked_cacheable_functions``: function name -> the
+    string AOTAutograd's cache key carries for it (the config is part of the key)."""
+    config: Any = SUPPORT.attrs(_INDUCTOR_CONFIG, ("unsafe_marked_cacheable_functions",))
+    return dict(config.unsafe_marked_cacheable_functions)
+
+
+def operator_types() -> tuple[type, ...]:
+    """``torch._ops``' ``OpOverload``, ``OpOverloadPacket`` and ``HigherOrderOperator``: graph
+    targets named by a global schema."""
+    ops: Any = SUPPORT.attrs(
+        "torch._ops", ("OpOverload", "OpOverloadPacket", "HigherOrderOperator")
+    )
+    return (ops.OpOverload, ops.OpOverloadPacket, ops.HigherOrderOperator)

@@ -44,6 +44,12 @@ from ap_tags.checks import require_bool, require_callable, require_instance, req
 from torch import nn
 
 from ap_backend import _compat
+from ap_backend._aot_cache import (
+    Unkeyable,
+    first_compilation_key,
+    graphs_digest,
+    stamp_first_compilation,
+)
 from ap_backend._artifacts import emit_json
 from ap_backend._partitioners import JointPass, partitioning
 from ap_backend._saved import SavedSummary, summarize_forward_saves
@@ -109,6 +115,7 @@ def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...
 
 def _recording_partition(
     sink: list[SavedSummary],
+    digests: list[str | None],
     which: FirstPartitioner,
     joint: torch.fx.GraphModule,
     joint_inputs: Any,
@@ -129,6 +136,11 @@ def _recording_partition(
         else:
             fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
+    try:  # before the compilers tag them: the second compilation's AOTAutograd cache key
+        digests.append(graphs_digest((fw, bw)))
+    except Unkeyable as exc:
+        log.info("precompile: the second compilation bypasses AOTAutograd's cache: %s", exc)
+        digests.append(None)
     return fw, bw
 
 
@@ -195,6 +207,7 @@ def _first_compilation(
     signature = call_signature(module, args, kwargs)
     export_joint, compile_joint = _compat.joint_export_api()
     summaries: list[SavedSummary] = []
+    digests: list[str | None] = []
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
         stack.enter_context(ap_tags.annotate_module_fqns(module))
@@ -226,7 +239,7 @@ def _first_compilation(
             compiled_fn = compile_joint(
                 jd,
                 partition_fn=functools.partial(
-                    _recording_partition, summaries, options.first_partition
+                    _recording_partition, summaries, digests, options.first_partition
                 ),
                 fw_compiler=_retraceable(ap_tags.preserve_meta_compiler(tag_forward=True)),
                 bw_compiler=_retraceable(
@@ -239,6 +252,17 @@ def _first_compilation(
             "output require grad?)"
         )
     summary = summaries[0]
+    if digests[0] is not None:
+        # AOTAutograd's cache keys the second compilation's call of this one by its content
+        key = first_compilation_key(
+            digests[0],
+            signature.modes,
+            str(signature.spec),
+            signature.leaves,
+            options.first_partition,
+            options.reshard_after_forward,
+        )
+        stamp_first_compilation(compiled_fn, key)
     emit_json("ap_first_partition", {"partitioner": options.first_partition, **summary.to_dict()})
     return FirstCompilation(
         signature=signature,
