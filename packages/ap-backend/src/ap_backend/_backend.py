@@ -111,6 +111,10 @@ class AutoParallelBackend:
     * ``compile_seconds``: wall time of each backend call (forward + joint partition);
     * ``inner_compiles``: per graph handed to Inductor, ``is_backward`` and ``collectives``
       (:func:`collective_counts` of the partitioned graph).
+
+    A compile served from Inductor's caches records less: an AOTAutograd cache hit (a restarted
+    job, caches on) runs no partitioner and no pass, so these lists stay empty; an FX-graph
+    cache hit runs the partitioner but not the post-grad passes (no ``bucketing_stats``).
     """
 
     def __init__(self, options: BackendOptions) -> None:
