@@ -113,6 +113,22 @@ def test_only_calls_of_a_keyed_first_compilation_are_rewritten() -> None:
     assert call_first_compilation in targets
 
 
+def test_a_torch_without_the_internals_leaves_the_graph_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ap_backend import _compat
+
+    def missing(value: object) -> None:
+        raise _compat.SUPPORT.missing("torch._higher_order_ops.invoke_leaf_function._LeafCallable")
+
+    x = torch.randn(4, 16)
+    gm = _dynamo_graph(precompile(_Mlp(), (x,)), x)
+    before = gm.code
+    monkeypatch.setattr(_compat, "leaf_callable_function", missing)
+    assert key_first_compilation_calls(gm) == 0
+    assert gm.code == before
+
+
 _RUN = """
 import json, os, sys
 import torch

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ __all__ = [
     "key_first_compilation_calls",
     "stamp_first_compilation",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The attribute a first compilation's callable carries its key in.
 KEY_ATTRIBUTE = "__ap_first_compilation_key__"
@@ -225,6 +228,21 @@ CALL_NAME = f"{call_first_compilation.__module__}.{call_first_compilation.__name
 def key_first_compilation_calls(gm: torch.fx.GraphModule) -> int:
     """Rewrite each call of a keyed first compilation in Dynamo's graph ``gm`` (see the module
     docstring); the number rewritten. Nothing changes when it returns 0."""
+    try:
+        plan = _rewrites(gm)
+    except _compat.UnsupportedTorchError as exc:  # another torch's nonstrict call: leave it
+        log.info("autoparallel_backend: AOTAutograd's cache bypasses this graph: %s", exc)
+        return 0
+    for node, attr, keyed in plan:
+        setattr(gm, attr, keyed)
+        node.target = call_first_compilation
+    if plan:
+        gm.recompile()
+    return len(plan)
+
+
+def _rewrites(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, str, Any]]:
+    """(node, attribute, keyed callable) for each call of a keyed first compilation."""
     plan: list[tuple[torch.fx.Node, str, Any]] = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or not node.args:
@@ -239,12 +257,7 @@ def key_first_compilation_calls(gm: torch.fx.GraphModule) -> int:
         if fn is None or key is None:
             continue
         plan.append((node, str(holder.target), _compat.leaf_callable(KeyedCall(fn, key))))
-    for node, attr, keyed in plan:
-        setattr(gm, attr, keyed)
-        node.target = call_first_compilation
-    if plan:
-        gm.recompile()
-    return len(plan)
+    return plan
 
 
 @contextlib.contextmanager

@@ -138,7 +138,7 @@ def _recording_partition(
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
     try:  # before the compilers tag them: the second compilation's AOTAutograd cache key
         digests.append(graphs_digest((fw, bw)))
-    except Unkeyable as exc:
+    except (Unkeyable, _compat.UnsupportedTorchError) as exc:
         log.info("precompile: the second compilation bypasses AOTAutograd's cache: %s", exc)
         digests.append(None)
     return fw, bw
