@@ -19,7 +19,7 @@ its ``repr`` -- only misses the cache, it never hits a stale entry).
 
 :func:`key_first_compilation_calls` rewrites, in the Dynamo graph the backend receives, each
 such call whose callable is a keyed first compilation: the target becomes
-:func:`call_first_compilation` (what Dynamo's closure computes, importable) and the callable a
+:func:`call_first_compilation` (importable; it runs Dynamo's closure) and the callable a
 :class:`KeyedCall` that pickles as its key. :func:`first_compilation_calls_cacheable` marks that
 one function cacheable (``torch._inductor.config.unsafe_marked_cacheable_functions``) for the
 backend's compile only. Any other ``nonstrict_trace`` call is left as it is, and the graph
@@ -201,11 +201,12 @@ def _first_compilation_key_of(fn: Callable[..., Any]) -> str | None:
 
 class KeyedCall:
     """Calls what Dynamo's callable called; pickles (for AOTAutograd's cache key) as the first
-    compilation's key."""
+    compilation's key. ``capture`` is Dynamo's own closure for the call, kept to run it."""
 
-    def __init__(self, fn: Callable[..., Any], key: str) -> None:
+    def __init__(self, fn: Callable[..., Any], key: str, capture: Callable[..., Any]) -> None:
         self.fn = fn
         self.key = key
+        self.capture = capture
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -214,11 +215,18 @@ class KeyedCall:
         return (str, (f"{_KEY_VERSION}:{self.key}",))
 
 
-def call_first_compilation(*args: Any) -> list[object]:
-    """The rewritten call: ``flat_apply(callable, in_spec, *flat_args)``, flattened, as
-    Dynamo's ``flat_apply_capture`` computes it (without its per-trace output-spec check: the
-    Dynamo trace that made the graph ran it)."""
-    return _compat.flat_apply_flat_outputs(*args)
+def call_first_compilation(callable_: Any, *args: Any) -> list[object]:
+    """The rewritten call, importable (what AOTAutograd's cacheability check asks): runs
+    Dynamo's own closure for it (``flat_apply_capture``, kept on the :class:`KeyedCall`), so
+    what the call computes is torch's, not a copy of it."""
+    keyed = _compat.leaf_callable_function(callable_)
+    if not isinstance(keyed, KeyedCall):
+        raise TypeError(
+            f"call_first_compilation: expected the KeyedCall the backend put in the graph, got "
+            f"{type(keyed).__qualname__}"
+        )
+    result: list[object] = keyed.capture(callable_, *args)
+    return result
 
 
 #: The name AOTAutograd's cacheability check builds for :func:`call_first_compilation`.
@@ -256,7 +264,8 @@ def _rewrites(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, str, Any]]:
         key = None if fn is None else _first_compilation_key_of(fn)
         if fn is None or key is None:
             continue
-        plan.append((node, str(holder.target), _compat.leaf_callable(KeyedCall(fn, key))))
+        keyed = KeyedCall(fn, key, node.target)
+        plan.append((node, str(holder.target), _compat.leaf_callable(keyed)))
     return plan
 
 

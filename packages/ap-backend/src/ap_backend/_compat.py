@@ -405,7 +405,6 @@ def inductor_has_option(dotted: str) -> bool:
 #: per call site, ``torch._dynamo.variables.torch.<...>.flat_apply_capture(callable, in_spec,
 #: *flat_args)`` (torch 2.15). Another torch names it otherwise, and nothing is rewritten.
 _NONSTRICT_CAPTURE = ("torch._dynamo.variables.torch", "flat_apply_capture")
-_FLAT_APPLY = "torch._higher_order_ops.flat_apply"
 _LEAF_CALLABLE = "torch._higher_order_ops.invoke_leaf_function"
 
 
@@ -429,16 +428,6 @@ def leaf_callable(fn: Callable[..., Any]) -> Any:
     """A ``_LeafCallable`` calling ``fn`` (``flat_apply`` accepts only registered classes)."""
     leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
     return leaf(fn)
-
-
-def flat_apply_flat_outputs(*args: Any) -> list[object]:
-    """What Dynamo's ``flat_apply_capture`` computes: ``flat_apply(callable, in_spec,
-    *flat_args)``, its output flattened to graphable leaves."""
-    module: Any = SUPPORT.attrs(_FLAT_APPLY, ("flat_apply", "to_graphable"))
-    out = module.flat_apply(*args, checked_output=False)
-    flat, _ = module.to_graphable(out)
-    result: list[object] = flat
-    return result
 
 
 def marked_cacheable_functions() -> dict[str, str]:
