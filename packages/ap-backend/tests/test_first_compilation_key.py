@@ -127,6 +127,10 @@ def test_a_torch_without_the_internals_leaves_the_graph_as_it_was(
     monkeypatch.setattr(_compat, "leaf_callable_function", missing)
     assert key_first_compilation_calls(gm) == 0
     assert gm.code == before
+    monkeypatch.undo()
+    monkeypatch.setattr(_compat, "inductor_has_option", lambda dotted: False)
+    assert key_first_compilation_calls(gm) == 0
+    assert gm.code == before
 
 
 _RUN = """

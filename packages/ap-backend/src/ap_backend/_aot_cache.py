@@ -236,6 +236,8 @@ CALL_NAME = f"{call_first_compilation.__module__}.{call_first_compilation.__name
 def key_first_compilation_calls(gm: torch.fx.GraphModule) -> int:
     """Rewrite each call of a keyed first compilation in Dynamo's graph ``gm`` (see the module
     docstring); the number rewritten. Nothing changes when it returns 0."""
+    if not _compat.inductor_has_option("unsafe_marked_cacheable_functions"):
+        return 0  # nothing to mark the rewritten call cacheable with
     try:
         plan = _rewrites(gm)
     except _compat.UnsupportedTorchError as exc:  # another torch's nonstrict call: leave it
