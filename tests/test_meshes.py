@@ -337,9 +337,8 @@ def _readme_torchrun_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     # up to the next heading of any level: the graph_trainer subsection after it has a bash
     # block of its own (tests/test_graph_trainer.py runs that one)
-    section = re.split(r"\n#{2,3} ", text.split("### Multi-process (torchrun)", 1)[1], maxsplit=1)[
-        0
-    ]
+    after = text.split("### Multi-process (torchrun)", 1)[1]
+    section = re.split(r"\n#{2,3} ", after, maxsplit=1)[0]
     (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
     return [ln for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
 
