@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -136,23 +135,6 @@ def _graph_lines(
                 raise Unkeyable(f"{node.name} reads a {type(attr).__qualname__} attribute")
 
 
-def _package_sources() -> tuple[str, ...]:
-    """The ap packages whose code tags the first compilation's graphs and re-runs them in the
-    retrace (ap-tags' compilers, ap-epchunk's region tags, this package)."""
-    import ap_epchunk
-    import ap_tags
-
-    import ap_backend
-
-    return tuple(
-        sorted(
-            str(f)
-            for pkg in (ap_tags, ap_epchunk, ap_backend)
-            for f in Path(str(pkg.__file__)).parent.glob("*.py")
-        )
-    )
-
-
 def graphs_digest(graphs: Sequence[torch.fx.GraphModule]) -> str:
     """Hash of ``graphs`` (the partition's forward and backward, taken before the compilers
     tag them), node by node with their meta and constants; :class:`Unkeyable` for a graph it
@@ -173,7 +155,14 @@ def first_compilation_key(digest: str, *context: object) -> str:
     key = hashlib.sha256()
     key.update(_KEY_VERSION.encode())
     key.update(str(torch.__version__).encode())
-    key.update(_compat.hash_files(_package_sources()))
+    # the packages whose code tags the first compilation's graphs and re-runs them in the
+    # retrace (ap-tags' compilers, ap-epchunk's region tags, this package)
+    import ap_epchunk
+    import ap_tags
+
+    import ap_backend
+
+    key.update(_compat.hash_package_sources((ap_tags, ap_epchunk, ap_backend)))
     for item in context:
         key.update(b"\0context\0" + repr(item).encode())
     key.update(b"\0graphs\0" + digest.encode())

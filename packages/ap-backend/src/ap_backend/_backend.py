@@ -24,7 +24,6 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import ap_bucketing
@@ -90,10 +89,7 @@ def _joint_key(options: BackendOptions) -> str:
     packages = [ap_tags] if options.enable_ac else []
     if options.ep_chunk is not None:
         packages.append(ap_epchunk)
-    files = tuple(
-        sorted(str(f) for pkg in packages for f in Path(str(pkg.__file__)).parent.glob("*.py"))
-    )
-    code = _compat.hash_files(files).hex()
+    code = _compat.hash_package_sources(packages).hex()
     return repr((options.enable_ac, options.ac_stage_size_gib, options.ep_chunk, code))
 
 

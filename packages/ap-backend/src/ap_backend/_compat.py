@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -124,6 +126,15 @@ def hash_files(paths: tuple[str, ...]) -> bytes:
     """``get_hash_for_files(paths)``: Inductor's content hash for a partitioner's ``uuid()``."""
     fn: Callable[[tuple[str, ...]], bytes] = SUPPORT.attr(_CUSTOM_GRAPH_PASS, "get_hash_for_files")
     return fn(paths)
+
+
+def hash_package_sources(packages: Sequence[ModuleType]) -> bytes:
+    """:func:`hash_files` over every ``*.py`` of each package's directory: what changes when
+    the code of a pass (or of what a cache key stands for) changes."""
+    files = tuple(
+        sorted(str(f) for pkg in packages for f in Path(str(pkg.__file__)).parent.glob("*.py"))
+    )
+    return hash_files(files)
 
 
 # --------------------------------------------------------------------------- first compilation
