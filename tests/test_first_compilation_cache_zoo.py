@@ -1,0 +1,96 @@
+"""A restarted job on a warm cache, on a model nobody here wrote.
+
+``packages/ap-backend/tests/test_first_compilation_key.py`` proves the key (same content, same
+key; other code, a miss) on a two-layer MLP. This is the hit path on torchtitan's Llama3 built
+from its own config through the zoo (RoPE's complex buffer, RMSNorm, SDPA, the zoo's FSDP-style
+gathers on a real one-rank gloo group): the first run saves the second compilation to
+AOTAutograd's cache, the restarted run is served from it, and two training steps of the two runs
+agree bit for bit -- loss, every gradient, every buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_RUN = """
+import json, os, sys
+import torch
+import ap_tags
+from ap_backend import autoparallel_backend, precompile
+from ap_backend._aot_cache import KEY_ATTRIBUTE
+from ap_testing.distributed import single_rank_gloo
+from torch._dynamo.utils import counters
+from zoo.fsdp import FsdpTrainStep
+from zoo.models import torchtitan_models
+
+with single_rank_gloo():
+    torch.manual_seed(0)
+    zm = torchtitan_models.llama3(2, n_layers=2, dim=64, seq=64)
+    step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
+    with ap_tags.annotate_module_fqns(step.model):
+        pm = precompile(step, tuple(zm.batches[0]))
+    compiled = torch.compile(pm, backend=autoparallel_backend())
+    losses = []
+    for batch in zm.batches[:2]:
+        loss = compiled(*batch)
+        loss.backward()
+        losses.append(loss.item())
+        with torch.no_grad():
+            for p in step.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+    loss = compiled(*zm.batches[0])
+    loss.backward()
+    state = {n: p.grad for n, p in step.named_parameters()}
+    state.update({"buffer." + n: b for n, b in step.named_buffers()})
+    torch.save(state, os.environ["AP_TEST_STATE"])
+    print(json.dumps({
+        "keyed": getattr(pm._first.fn, KEY_ATTRIBUTE, None) is not None,
+        "losses": losses + [loss.item()],
+        "aot": dict(counters["aot_autograd"]),
+    }))
+"""
+
+
+def _run(cache: Path, state: Path) -> dict[str, Any]:
+    # the caches on, in a process of its own: the test session forces both off (conftest)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), AP_TEST_STATE=str(state))
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.slow  # two compiles of torchtitan's Llama3 (2 layers) in fresh processes, ~50 s
+def test_torchtitan_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: Path) -> None:
+    cache = tmp_path / "inductor"
+    cold = _run(cache, tmp_path / "cold.pt")
+    assert cold["keyed"], "the first compilation of Llama3 was not keyed (bypasses the cache)"
+    assert cold["aot"].get("autograd_cache_saved") == 1, cold["aot"]
+    warm = _run(cache, tmp_path / "warm.pt")
+    assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
+    assert warm["losses"] == cold["losses"]
+    cold_state = torch.load(tmp_path / "cold.pt")
+    warm_state = torch.load(tmp_path / "warm.pt")
+    assert cold_state.keys() == warm_state.keys()
+    assert any(k.startswith("buffer.") for k in cold_state)  # RoPE's table
+    differ = [k for k in cold_state if not torch.equal(cold_state[k], warm_state[k])]
+    assert not differ, f"the cache-served run differs from the cold run in {differ}"
