@@ -1,11 +1,18 @@
-"""A restarted job on a warm cache, on a model nobody here wrote.
+"""A restarted job on a warm cache, on a model nobody here wrote, sharded as torchtitan's
+GraphTrainer shards it.
 
 ``packages/ap-backend/tests/test_first_compilation_key.py`` proves the key (same content, same
 key; other code, a miss) on a two-layer MLP. This is the hit path on torchtitan's Llama3 built
-from its own config through the zoo (RoPE's complex buffer, RMSNorm, SDPA, the zoo's FSDP-style
-gathers on a real one-rank gloo group): the first run saves the second compilation to
-AOTAutograd's cache, the restarted run is served from it, and two training steps of the two runs
-agree bit for bit -- loss, every gradient, every buffer.
+from its own config through the zoo (RoPE's complex buffer, RMSNorm, SDPA) under torchtitan's
+SimpleFSDP (DTensor parameters behind parametrized properties; their device mesh is an opaque
+input of the first compilation) on a real one-rank gloo group:
+
+* the first run saves the second compilation to AOTAutograd's cache;
+* the restarted run is served from it, and three training steps of the two runs agree bit for
+  bit: loss, every gradient (as DTensors with the same placements), every buffer;
+* the same model replicated instead of sharded (``mode="replicate"``: at one rank the very same
+  graphs, only the DTensor placements differ) on that cache misses, and its gradients come back
+  ``Replicate``: a hit would hand it the sharded run's gradient placements.
 """
 
 from __future__ import annotations
@@ -22,23 +29,27 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytest.importorskip("torchtitan.experiments.graph_trainer.simple_fsdp")
+
 _RUN = """
 import json, os, sys
 import torch
-import ap_tags
 from ap_backend import autoparallel_backend, precompile
 from ap_backend._aot_cache import KEY_ATTRIBUTE
+from ap_backend.demo import require_simple_fsdp
 from ap_testing.distributed import single_rank_gloo
 from torch._dynamo.utils import counters
-from zoo.fsdp import FsdpTrainStep
+from torch.distributed.device_mesh import init_device_mesh
+from zoo.bucketing import _LossOf
 from zoo.models import torchtitan_models
 
 with single_rank_gloo():
     torch.manual_seed(0)
     zm = torchtitan_models.llama3(2, n_layers=2, dim=64, seq=64)
-    step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
-    with ap_tags.annotate_module_fqns(step.model):
-        pm = precompile(step, tuple(zm.batches[0]))
+    mesh = init_device_mesh("cpu", (1,))
+    sharded = require_simple_fsdp().data_parallel(zm.module, mesh, mode=os.environ["AP_TEST_MODE"])
+    step = _LossOf(sharded, zm.loss_fn, zm.n_model_inputs)
+    pm = precompile(step, tuple(zm.batches[0]))
     compiled = torch.compile(pm, backend=autoparallel_backend())
     losses = []
     for batch in zm.batches[:2]:
@@ -51,21 +62,24 @@ with single_rank_gloo():
                 p.grad = None
     loss = compiled(*zm.batches[0])
     loss.backward()
-    state = {n: p.grad for n, p in step.named_parameters()}
+    state = {n: p.grad.to_local() for n, p in step.named_parameters()}
     state.update({"buffer." + n: b for n, b in step.named_buffers()})
     torch.save(state, os.environ["AP_TEST_STATE"])
     print(json.dumps({
         "keyed": getattr(pm._first.fn, KEY_ATTRIBUTE, None) is not None,
         "losses": losses + [loss.item()],
+        "placements": sorted({repr(p.grad.placements) for p in step.parameters()}),
         "aot": dict(counters["aot_autograd"]),
     }))
 """
 
 
-def _run(cache: Path, state: Path) -> dict[str, Any]:
+def _run(cache: Path, mode: str, state: Path) -> dict[str, Any]:
     # the caches on, in a process of its own: the test session forces both off (conftest)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), AP_TEST_STATE=str(state))
-    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    env.update(
+        AP_TEST_MODE=mode, TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1"
+    )
     proc = subprocess.run(
         [sys.executable, "-c", _RUN],
         cwd=ROOT,
@@ -79,18 +93,24 @@ def _run(cache: Path, state: Path) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.slow  # two compiles of torchtitan's Llama3 (2 layers) in fresh processes, ~50 s
-def test_torchtitan_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: Path) -> None:
+@pytest.mark.slow  # three compiles of torchtitan's Llama3 (2 layers) in fresh processes, ~70 s
+def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: Path) -> None:
     cache = tmp_path / "inductor"
-    cold = _run(cache, tmp_path / "cold.pt")
-    assert cold["keyed"], "the first compilation of Llama3 was not keyed (bypasses the cache)"
+    cold = _run(cache, "fully_shard", tmp_path / "cold.pt")
+    assert cold["keyed"], "the first compilation was not keyed (it bypasses the cache)"
     assert cold["aot"].get("autograd_cache_saved") == 1, cold["aot"]
-    warm = _run(cache, tmp_path / "warm.pt")
+    assert cold["placements"] == ["(Shard(dim=0),)"], cold["placements"]
+
+    warm = _run(cache, "fully_shard", tmp_path / "warm.pt")
     assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
-    assert warm["losses"] == cold["losses"]
+    assert (warm["losses"], warm["placements"]) == (cold["losses"], cold["placements"])
     cold_state = torch.load(tmp_path / "cold.pt")
     warm_state = torch.load(tmp_path / "warm.pt")
     assert cold_state.keys() == warm_state.keys()
     assert any(k.startswith("buffer.") for k in cold_state)  # RoPE's table
     differ = [k for k in cold_state if not torch.equal(cold_state[k], warm_state[k])]
     assert not differ, f"the cache-served run differs from the cold run in {differ}"
+
+    replicated = _run(cache, "replicate", tmp_path / "replicated.pt")
+    assert "autograd_cache_hit" not in replicated["aot"], replicated["aot"]
+    assert replicated["placements"] == ["(Replicate(),)"], replicated["placements"]

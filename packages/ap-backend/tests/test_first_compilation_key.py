@@ -176,13 +176,12 @@ def _run(cache: Path, act: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.slow  # three compiles of a two-layer MLP in fresh processes
-def test_a_restarted_job_hits_and_changed_code_misses(tmp_path: Path) -> None:
+@pytest.mark.slow  # two compiles of a two-layer MLP in fresh processes
+def test_changed_code_misses_a_warm_cache(tmp_path: Path) -> None:
+    """The restart that hits, with bit-equal training, is tests/test_first_compilation_cache_
+    zoo.py's (torchtitan's Llama3 under SimpleFSDP); this is the one that must not."""
     cold = _run(tmp_path, "relu")
     assert cold["aot"].get("autograd_cache_saved") == 1, cold["aot"]
-    warm = _run(tmp_path, "relu")
-    assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
-    assert (warm["loss"], warm["grads"]) == (cold["loss"], cold["grads"])
     # the same Dynamo graph (PrecompiledModule.forward calling its first compilation) over
     # other module code: a hit here would train the relu graph
     changed = _run(tmp_path, "tanh")

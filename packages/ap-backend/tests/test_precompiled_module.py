@@ -260,3 +260,29 @@ def test_a_property_shadowing_a_parameter_reads_the_stored_parameter() -> None:
     torch.testing.assert_close(pm(x), model(x))
     pm(x).sum().backward()
     assert model[0]._parameters["weight"].grad is not None
+
+
+def test_a_dtensor_arguments_placements_are_part_of_the_signature() -> None:
+    """A first compilation traced for a ``Shard(0)`` DTensor argument rebuilds its outputs and
+    gradients with the placements it traced; a call with the same global shape placed
+    ``Replicate()`` (the same local shape at one rank) is another signature, named as such."""
+    from ap_backend._signature import call_signature
+    from ap_testing.distributed import single_rank_gloo
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    with single_rank_gloo():
+        mesh = init_device_mesh("cpu", (1,))
+        x = torch.randn(4, 16)
+        sharded = call_signature(nn.Identity(), (distribute_tensor(x, mesh, [Shard(0)]),), {})
+        again = call_signature(nn.Identity(), (distribute_tensor(x, mesh, [Shard(0)]),), {})
+        replicated = call_signature(nn.Identity(), (distribute_tensor(x, mesh, [Replicate()]),), {})
+        plain = call_signature(nn.Identity(), (x,), {})
+    assert sharded == again and hash(sharded) == hash(again)
+    assert sharded != replicated and sharded != plain
+    message = sharded.difference(replicated)
+    assert "DTensor ((Shard(dim=0),)" in message and "got DTensor ((Replicate(),)" in message
+    assert (
+        plain.describe()
+        == "train mode; input (args[0]): tensor (4, 16) float32 on cpu (strides (16, 1))"
+    )

@@ -11,8 +11,11 @@ What makes the call keyable without making it unsound: the first compilation's o
 :func:`first_compilation_key` hashes what the retrace re-executes -- the partitioned forward and
 backward graphs, node by node, with every meta field the retrace copies or ap reads (``custom``,
 ``recompute``, the output descriptors, each value's shape / strides / dtype), their constants'
-bytes -- plus the call signature, the first compilation's options, the source of the ap
-packages that tag and re-run those graphs, and torch's version. Two first compilations with the
+bytes -- plus the call signature, the placements and mesh of DTensor parameters and buffers
+(which the runtime wrappers that rebuild their gradients hold, not the graphs; an opaque input
+such as the mesh is described in the graphs by its class, its value coming with each call),
+the first compilation's options, the source of the ap packages that tag and re-run those
+graphs, and torch's version. Two first compilations with the
 same key retrace to the same joint graph; anything that changes what the retrace produces
 changes the key (a graph the key cannot describe deterministically -- a value with an address in
 its ``repr`` -- only misses the cache, it never hits a stale entry).
@@ -79,6 +82,11 @@ def _value_key(value: object) -> object:
         )
     if isinstance(value, (list, tuple)):
         return tuple(_value_key(v) for v in value)
+    opaque = _compat.fake_script_object_class(value)
+    if opaque is not None:
+        # an opaque input (a DTensor's device mesh): its value comes with each call; what the
+        # trace read from it is in the graph, and the mesh itself in the key's subclass context
+        return ("opaque", opaque)
     return repr(value)
 
 

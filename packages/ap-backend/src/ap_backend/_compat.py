@@ -441,6 +441,30 @@ def leaf_callable(fn: Callable[..., Any]) -> Any:
     return leaf(fn)
 
 
+_PYTHON_DISPATCH = "torch.utils._python_dispatch"
+_FAKE_CLASS_REGISTRY = "torch._library.fake_class_registry"
+
+
+def subclass_flatten(t: torch.Tensor) -> tuple[list[str], object] | None:
+    """``t.__tensor_flatten__()`` -- the inner attribute names and the context -- for a
+    traceable wrapper subclass (a DTensor: ``_local_tensor``, ``device_mesh``; its placements
+    and global shape), None for a plain tensor."""
+    is_subclass: Any = SUPPORT.attr(_PYTHON_DISPATCH, "is_traceable_wrapper_subclass")
+    if not is_subclass(t):
+        return None
+    attrs, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    return list(attrs), ctx
+
+
+def fake_script_object_class(value: object) -> str | None:
+    """The class name a ``FakeScriptObject`` (the fake of an opaque object input, such as a
+    DTensor's device mesh, in a traced graph's ``val``) stands for; None for anything else."""
+    fake: Any = SUPPORT.attr(_FAKE_CLASS_REGISTRY, "FakeScriptObject")
+    if not isinstance(value, fake):
+        return None
+    return str(value.script_class_name)
+
+
 def marked_cacheable_functions() -> dict[str, str]:
     """``torch._inductor.config.unsafe_marked_cacheable_functions``: function name -> the
     string AOTAutograd's cache key carries for it (the config is part of the key)."""

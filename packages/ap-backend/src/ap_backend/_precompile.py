@@ -53,7 +53,7 @@ from ap_backend._aot_cache import (
 from ap_backend._artifacts import emit_json
 from ap_backend._partitioners import JointPass, partitioning
 from ap_backend._saved import SavedSummary, summarize_forward_saves
-from ap_backend._signature import CallSignature, call_signature, refuse_dynamic_dims
+from ap_backend._signature import CallSignature, call_signature, refuse_dynamic_dims, subclass_key
 from ap_backend._trace import (
     PrecompileError,
     reshape_views,
@@ -111,6 +111,22 @@ def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...
             )
         slots.append((owner, local))
     return tuple(slots)
+
+
+def _subclass_state(fqns: Sequence[str], slots: Sequence[Slot], kind: str) -> tuple[Any, ...]:
+    """``(fqn, subclass key)`` of each exported parameter or buffer that is a tensor subclass
+    (SimpleFSDP's DTensor parameters): part of the first compilation's cache key, because the
+    runtime wrappers that rebuild its gradients as DTensors hold their placements and the
+    graphs do not (:func:`~ap_backend._signature.subclass_key`)."""
+    keys = []
+    for fqn, (owner, local) in zip(fqns, slots, strict=True):
+        store = owner._parameters if kind == "parameter" else owner._buffers
+        value = store[local]
+        if isinstance(value, torch.Tensor):
+            key = subclass_key(value)
+            if key:
+                keys.append((fqn, key))
+    return tuple(keys)
 
 
 def _recording_partition(
@@ -252,6 +268,8 @@ def _first_compilation(
             "output require grad?)"
         )
     summary = summaries[0]
+    param_slots = _slots(module, jd.params_spec, "parameter")
+    buffer_slots = _slots(module, jd.buffers_spec, "buffer")
     if digests[0] is not None:
         # AOTAutograd's cache keys the second compilation's call of this one by its content
         key = first_compilation_key(
@@ -261,6 +279,8 @@ def _first_compilation(
             signature.leaves,
             options.first_partition,
             options.reshard_after_forward,
+            _subclass_state(jd.params_spec, param_slots, "parameter"),
+            _subclass_state(jd.buffers_spec, buffer_slots, "buffer"),
         )
         stamp_first_compilation(compiled_fn, key)
     emit_json("ap_first_partition", {"partitioner": options.first_partition, **summary.to_dict()})
@@ -271,8 +291,8 @@ def _first_compilation(
         seconds=time.perf_counter() - start,
         partitioner=options.first_partition,
         fn=compiled_fn,
-        param_slots=_slots(module, jd.params_spec, "parameter"),
-        buffer_slots=_slots(module, jd.buffers_spec, "buffer"),
+        param_slots=param_slots,
+        buffer_slots=buffer_slots,
     )
 
 

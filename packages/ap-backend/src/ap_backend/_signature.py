@@ -2,8 +2,9 @@
 
 A first compilation records one graph for one set of facts the trace baked in: every
 submodule's ``training`` flag (dropout and batch norm take different paths), the structure of
-``(args, kwargs)``, every input tensor's shape, strides, dtype, device and ``requires_grad``,
-and every non-tensor argument's value. :class:`CallSignature` is those facts, hashable, so a
+``(args, kwargs)``, every input tensor's shape, strides, dtype, device and ``requires_grad``
+(and a tensor subclass's type and flatten context: a DTensor's placements), and every
+non-tensor argument's value. :class:`CallSignature` is those facts, hashable, so a
 :class:`~ap_backend.PrecompiledModule` keeps one first compilation per signature and can say
 exactly which argument made a call different.
 """
@@ -21,19 +22,57 @@ from torch import nn
 
 from ap_backend import _compat
 
-__all__ = ["CallSignature", "call_signature", "refuse_dynamic_dims"]
+__all__ = ["CallSignature", "call_signature", "refuse_dynamic_dims", "subclass_key"]
+
+
+def _hashable(value: object) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", repr(value))
+    return value
+
+
+def subclass_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What a trace of tensor subclass ``t`` bakes in beyond its shape, strides and dtype: its
+    type, its ``__tensor_flatten__`` context (a DTensor's placements and global metadata) and
+    each inner attribute (a local tensor's metadata, recursively; an opaque object such as the
+    device mesh, by value); ``()`` for a plain tensor.
+
+    Why: AOTAutograd rebuilds a subclass's outputs and gradients from the metadata it traced
+    with -- a DTensor gradient's placements live in the first compilation's runtime wrappers,
+    not in its graphs --, so a first compilation is specialised to it, as Dynamo's guards on
+    the same context are."""
+    parts = _compat.subclass_flatten(t)
+    if parts is None:
+        return ()
+    attrs, ctx = parts
+    inner: list[tuple[str, object]] = []
+    for name in attrs:
+        value = getattr(t, name)
+        if isinstance(value, torch.Tensor):
+            inner.append((name, _tensor_key(value)))
+        else:
+            inner.append((name, _hashable(value)))
+    kind = f"{type(t).__module__}.{type(t).__qualname__}"
+    return (kind, _hashable(ctx), tuple(inner))
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    return (
+        "tensor",
+        tuple(int(s) for s in t.shape),
+        tuple(int(s) for s in t.stride()) if t.layout == torch.strided else (),
+        str(t.dtype),
+        str(t.device),
+        bool(t.requires_grad),
+        subclass_key(t),
+    )
 
 
 def _leaf_key(leaf: object) -> tuple[Any, ...]:
     if isinstance(leaf, torch.Tensor):
-        return (
-            "tensor",
-            tuple(int(s) for s in leaf.shape),
-            tuple(int(s) for s in leaf.stride()) if leaf.layout == torch.strided else (),
-            str(leaf.dtype),
-            str(leaf.device),
-            bool(leaf.requires_grad),
-        )
+        return _tensor_key(leaf)
     try:
         hash(leaf)
     except TypeError:
@@ -43,9 +82,11 @@ def _leaf_key(leaf: object) -> tuple[Any, ...]:
 
 def _describe_leaf(key: tuple[Any, ...]) -> str:
     if key[0] == "tensor":
-        _, shape, stride, dtype, device, requires_grad = key
+        _, shape, stride, dtype, device, requires_grad, subclass = key
         grad = ", requires_grad" if requires_grad else ""
-        return f"tensor {tuple(shape)} {dtype.replace('torch.', '')} on {device}{grad} (strides {stride})"
+        # a subclass's type and context (a DTensor's placements), when it has them
+        kind = f"{subclass[0].rsplit('.', 1)[-1]} {subclass[1]!r} " if subclass else "tensor "
+        return f"{kind}{tuple(shape)} {dtype.replace('torch.', '')} on {device}{grad} (strides {stride})"
     if key[0] == "value":
         return f"{key[1]} {key[2]!r}"
     return f"{key[1]} object id {key[2]:#x}"
