@@ -8,8 +8,11 @@ SimpleFSDP (DTensor parameters behind parametrized properties; their device mesh
 input of the first compilation) on a real one-rank gloo group:
 
 * the first run saves the second compilation to AOTAutograd's cache;
-* the restarted run is served from it, and three training steps of the two runs agree bit for
-  bit: loss, every gradient (as DTensors with the same placements), every buffer;
+* the restarted run is served from it, and three training steps of the two runs agree: loss,
+  every gradient (as DTensors with the same placements), every buffer -- to fp32 rounding, not
+  bit for bit: the embedding's backward (``index_put`` with accumulate) is an atomic scatter-add
+  in Inductor's parallel C++ kernel, whose summation order varies from run to run (seen once:
+  ``tok_embeddings.weight``'s gradient one ulp apart); a stale graph differs by far more;
 * the same model replicated instead of sharded (``mode="replicate"``: at one rank the very same
   graphs, only the DTensor placements differ) on that cache misses, and its gradients come back
   ``Replicate``: a hit would hand it the sharded run's gradient placements.
@@ -93,6 +96,13 @@ def _run(cache: Path, mode: str, state: Path) -> dict[str, Any]:
     return out
 
 
+def _assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    def message(default: str) -> str:
+        return f"{name}: {default}"
+
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-7, msg=message)
+
+
 @pytest.mark.slow  # three compiles of torchtitan's Llama3 (2 layers) in fresh processes, ~70 s
 def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: Path) -> None:
     cache = tmp_path / "inductor"
@@ -103,13 +113,14 @@ def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: 
 
     warm = _run(cache, "fully_shard", tmp_path / "warm.pt")
     assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
-    assert (warm["losses"], warm["placements"]) == (cold["losses"], cold["placements"])
+    assert warm["placements"] == cold["placements"]
+    assert warm["losses"] == pytest.approx(cold["losses"], rel=1e-6)
     cold_state = torch.load(tmp_path / "cold.pt")
     warm_state = torch.load(tmp_path / "warm.pt")
     assert cold_state.keys() == warm_state.keys()
     assert any(k.startswith("buffer.") for k in cold_state)  # RoPE's table
-    differ = [k for k in cold_state if not torch.equal(cold_state[k], warm_state[k])]
-    assert not differ, f"the cache-served run differs from the cold run in {differ}"
+    for name, value in cold_state.items():
+        _assert_close(name, warm_state[name], value)
 
     replicated = _run(cache, "replicate", tmp_path / "replicated.pt")
     assert "autograd_cache_hit" not in replicated["aot"], replicated["aot"]

@@ -441,19 +441,7 @@ def leaf_callable(fn: Callable[..., Any]) -> Any:
     return leaf(fn)
 
 
-_PYTHON_DISPATCH = "torch.utils._python_dispatch"
 _FAKE_CLASS_REGISTRY = "torch._library.fake_class_registry"
-
-
-def subclass_flatten(t: torch.Tensor) -> tuple[list[str], object] | None:
-    """``t.__tensor_flatten__()`` -- the inner attribute names and the context -- for a
-    traceable wrapper subclass (a DTensor: ``_local_tensor``, ``device_mesh``; its placements
-    and global shape), None for a plain tensor."""
-    is_subclass: Any = SUPPORT.attr(_PYTHON_DISPATCH, "is_traceable_wrapper_subclass")
-    if not is_subclass(t):
-        return None
-    attrs, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
-    return list(attrs), ctx
 
 
 def fake_script_object_class(value: object) -> str | None:

@@ -43,10 +43,13 @@ def subclass_key(t: torch.Tensor) -> tuple[Any, ...]:
     with -- a DTensor gradient's placements live in the first compilation's runtime wrappers,
     not in its graphs --, so a first compilation is specialised to it, as Dynamo's guards on
     the same context are."""
-    parts = _compat.subclass_flatten(t)
-    if parts is None:
+    # the traceable wrapper subclass protocol (what torch's is_traceable_wrapper_subclass checks)
+    kind = type(t)
+    if kind is torch.Tensor or not (
+        hasattr(t, "__tensor_flatten__") and hasattr(t, "__tensor_unflatten__")
+    ):
         return ()
-    attrs, ctx = parts
+    attrs, ctx = t.__tensor_flatten__()
     inner: list[tuple[str, object]] = []
     for name in attrs:
         value = getattr(t, name)
@@ -54,8 +57,7 @@ def subclass_key(t: torch.Tensor) -> tuple[Any, ...]:
             inner.append((name, _tensor_key(value)))
         else:
             inner.append((name, _hashable(value)))
-    kind = f"{type(t).__module__}.{type(t).__qualname__}"
-    return (kind, _hashable(ctx), tuple(inner))
+    return (f"{kind.__module__}.{kind.__qualname__}", _hashable(ctx), tuple(inner))
 
 
 def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
