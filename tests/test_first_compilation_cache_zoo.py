@@ -46,11 +46,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from zoo.bucketing import _LossOf
 from zoo.models import torchtitan_models
 
-with single_rank_gloo():
+
+def train(mode, state_path):
+    torch._dynamo.reset()
+    counters.clear()
     torch.manual_seed(0)
-    zm = torchtitan_models.llama3(2, n_layers=2, dim=64, seq=64)
+    zm = torchtitan_models.llama3(2, n_layers=1, dim=64, seq=64)
     mesh = init_device_mesh("cpu", (1,))
-    sharded = require_simple_fsdp().data_parallel(zm.module, mesh, mode=os.environ["AP_TEST_MODE"])
+    sharded = require_simple_fsdp().data_parallel(zm.module, mesh, mode=mode)
     step = _LossOf(sharded, zm.loss_fn, zm.n_model_inputs)
     pm = precompile(step, tuple(zm.batches[0]))
     compiled = torch.compile(pm, backend=autoparallel_backend())
@@ -67,24 +70,28 @@ with single_rank_gloo():
     loss.backward()
     state = {n: p.grad.to_local() for n, p in step.named_parameters()}
     state.update({"buffer." + n: b for n, b in step.named_buffers()})
-    torch.save(state, os.environ["AP_TEST_STATE"])
-    print(json.dumps({
+    torch.save(state, state_path)
+    return {
         "keyed": getattr(pm._first.fn, KEY_ATTRIBUTE, None) is not None,
         "losses": losses + [loss.item()],
         "placements": sorted({repr(p.grad.placements) for p in step.parameters()}),
         "aot": dict(counters["aot_autograd"]),
-    }))
+    }
+
+
+with single_rank_gloo():
+    runs = json.loads(sys.argv[1])
+    print(json.dumps([train(mode, state) for mode, state in runs]))
 """
 
 
-def _run(cache: Path, mode: str, state: Path) -> dict[str, Any]:
-    # the caches on, in a process of its own: the test session forces both off (conftest)
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), AP_TEST_STATE=str(state))
-    env.update(
-        AP_TEST_MODE=mode, TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1"
-    )
+def _run(cache: Path, *runs: tuple[str, Path]) -> list[dict[str, Any]]:
+    """One process with the caches on (the test session forces both off, conftest) training
+    each ``(SimpleFSDP mode, state file)`` of ``runs`` in turn."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache))
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN],
+        [sys.executable, "-c", _RUN, json.dumps([[m, str(p)] for m, p in runs])],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -92,7 +99,7 @@ def _run(cache: Path, mode: str, state: Path) -> dict[str, Any]:
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -103,15 +110,18 @@ def _assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor) -> No
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-7, msg=message)
 
 
-@pytest.mark.slow  # three compiles of torchtitan's Llama3 (2 layers) in fresh processes, ~70 s
+@pytest.mark.slow  # three compiles of torchtitan's Llama3 (one layer) in two processes
 def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: Path) -> None:
     cache = tmp_path / "inductor"
-    cold = _run(cache, "fully_shard", tmp_path / "cold.pt")
+    (cold,) = _run(cache, ("fully_shard", tmp_path / "cold.pt"))
     assert cold["keyed"], "the first compilation was not keyed (it bypasses the cache)"
     assert cold["aot"].get("autograd_cache_saved") == 1, cold["aot"]
     assert cold["placements"] == ["(Shard(dim=0),)"], cold["placements"]
 
-    warm = _run(cache, "fully_shard", tmp_path / "warm.pt")
+    # the restart, and in the same process the same model replicated instead of sharded
+    warm, replicated = _run(
+        cache, ("fully_shard", tmp_path / "warm.pt"), ("replicate", tmp_path / "replicated.pt")
+    )
     assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
     assert warm["placements"] == cold["placements"]
     assert warm["losses"] == pytest.approx(cold["losses"], rel=1e-6)
@@ -122,6 +132,5 @@ def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: 
     for name, value in cold_state.items():
         _assert_close(name, warm_state[name], value)
 
-    replicated = _run(cache, "replicate", tmp_path / "replicated.pt")
     assert "autograd_cache_hit" not in replicated["aot"], replicated["aot"]
     assert replicated["placements"] == ["(Replicate(),)"], replicated["placements"]
