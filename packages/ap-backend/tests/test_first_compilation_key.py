@@ -82,6 +82,31 @@ def test_a_graph_the_key_cannot_describe_is_refused() -> None:
         graphs_digest([torch.fx.GraphModule(nn.Module(), graph)])
 
 
+def _graph_with_opaque_input(val: object) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    graph.placeholder("mesh").meta["val"] = val
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2)
+    graph.output((x,))
+    return torch.fx.GraphModule(nn.Module(), graph)
+
+
+def test_an_opaque_input_is_keyed_by_its_class_not_its_address() -> None:
+    """torch 2.15 passes a DTensor's device mesh into the first compilation as an opaque input
+    (a ``FakeScriptObject`` in its placeholder's ``val``). Keyed by ``repr`` -- an address --
+    every restart of a SimpleFSDP job missed; its value comes with each call, so its class is
+    what the graph depends on (the mesh itself is in the key's subclass context, and
+    ``tests/test_first_compilation_cache_zoo.py`` restarts such a job end to end)."""
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    def fake(name: str) -> object:
+        return FakeScriptObject(object(), name, None)
+
+    one = graphs_digest([_graph_with_opaque_input(fake("DeviceMesh"))])
+    assert one == graphs_digest([_graph_with_opaque_input(fake("DeviceMesh"))])
+    assert one != graphs_digest([_graph_with_opaque_input(fake("ProcessGroup"))])
+
+
 def _dynamo_graph(fn: Any, *args: Any) -> torch.fx.GraphModule:
     graphs: list[torch.fx.GraphModule] = []
 
