@@ -92,6 +92,12 @@ class FirstCompilation:
     partitioner: FirstPartitioner = "min_cut"
 
 
+def _store(owner: nn.Module, kind: str) -> dict[str, Any]:
+    """Where ``owner`` keeps its own parameters or buffers (not what ``getattr`` returns)."""
+    store: dict[str, Any] = owner._parameters if kind == "parameter" else owner._buffers
+    return store
+
+
 def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...]:
     """``(owning submodule, local name)`` for each exported parameter/buffer FQN.
 
@@ -103,7 +109,7 @@ def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...
     for fqn in fqns:
         owner_name, _, local = fqn.rpartition(".")
         owner = module.get_submodule(owner_name)
-        store = owner._parameters if kind == "parameter" else owner._buffers
+        store = _store(owner, kind)
         if local not in store:
             raise RuntimeError(
                 f"precompile: exported {kind} {fqn!r} is not a registered {kind} of "
@@ -120,8 +126,7 @@ def _subclass_state(fqns: Sequence[str], slots: Sequence[Slot], kind: str) -> tu
     graphs do not (:func:`~ap_backend._signature.subclass_key`)."""
     keys = []
     for fqn, (owner, local) in zip(fqns, slots, strict=True):
-        store = owner._parameters if kind == "parameter" else owner._buffers
-        value = store[local]
+        value = _store(owner, kind)[local]
         if isinstance(value, torch.Tensor):
             key = subclass_key(value)
             if key:
