@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -76,5 +77,28 @@ def run_zoo(tmp_path: Path) -> RunZoo:
             pytest.fail(proc.stdout[-2000:] + proc.stderr[-2000:])
         cases: list[dict[str, Any]] = json.loads(out.read_text())["cases"]
         return cases
+
+    return run
+
+
+#: ``run_with_caches(args, cache)``: the JSON on the last stdout line of ``python <args>``.
+RunWithCaches = Callable[[list[str], Path], Any]
+
+
+@pytest.fixture
+def run_with_caches() -> RunWithCaches:
+    """Runs ``python <args>`` from the root in a fresh process with Inductor's FX-graph and
+    AOTAutograd caches on, in the cache directory ``cache`` (this session forces both off,
+    see the root conftest), and returns the JSON its stdout ends with: a restarted job is the
+    same call again on the same ``cache``. A failed run fails the test with its stderr."""
+
+    def run(args: list[str], cache: Path) -> Any:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache))
+        env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+        proc = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run

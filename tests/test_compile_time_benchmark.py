@@ -13,39 +13,22 @@ calls ``ap_bucketing::pack_shards`` without running the pass that first register
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 #: the one-layer kit (``benchmarks.kernels.QUICK_KIT``)
 QUICK = {"dim": 64, "n_layers": 1, "n_heads": 4, "ffn_dim": 128, "vocab": 128, "seq_len": 64}
 
 
-def _compile(cache: Path, config: str) -> dict[str, Any]:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache))
-    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compile_time", "--worker", config, json.dumps(QUICK)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
-
-
 @pytest.mark.slow  # two compiles of the one-layer kit, AC + prefetch + coalesced (~60 s)
-def test_a_restarted_copy_free_job_runs_from_the_warm_cache(tmp_path: Path) -> None:
-    cold = _compile(tmp_path, "ap_full_prefetch")
-    warm = _compile(tmp_path, "ap_full_prefetch")
+def test_a_restarted_copy_free_job_runs_from_the_warm_cache(
+    tmp_path: Path, run_with_caches: Any
+) -> None:
+    job = ["-m", "benchmarks.compile_time", "--worker", "ap_full_prefetch", json.dumps(QUICK)]
+    cold = run_with_caches(job, tmp_path)
+    warm = run_with_caches(job, tmp_path)
     assert cold["caches"].get("inductor.fxgraph_cache_miss") == 2, cold["caches"]
     assert cold["caches"].get("aot_autograd.autograd_cache_saved") == 1, cold["caches"]
     # the second compilation's call of the first is keyed by the first's content

@@ -23,16 +23,11 @@ input of the first compilation) on a real one-rank gloo group:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
 
 pytest.importorskip("torchtitan.experiments.graph_trainer.simple_fsdp")
 
@@ -87,22 +82,9 @@ with single_rank_gloo():
 """
 
 
-def _run(cache: Path, *runs: tuple[str, Path]) -> list[dict[str, Any]]:
-    """One process with the caches on (the test session forces both off, conftest) training
-    each ``(SimpleFSDP mode, state file)`` of ``runs`` in turn."""
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache))
-    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN, json.dumps([[m, str(p)] for m, p in runs])],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+def _runs(*runs: tuple[str, Path]) -> list[str]:
+    """The arguments of one process training each ``(SimpleFSDP mode, state file)`` in turn."""
+    return ["-c", _RUN, json.dumps([[mode, str(state)] for mode, state in runs])]
 
 
 def _assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -117,16 +99,19 @@ def _assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor) -> No
 # test_first_compilation_key.py's opaque-input and changed-code tests
 @pytest.mark.heavy
 @pytest.mark.slow
-def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(tmp_path: Path) -> None:
+def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(
+    tmp_path: Path, run_with_caches: Any
+) -> None:
     cache = tmp_path / "inductor"
-    (cold,) = _run(cache, ("fully_shard", tmp_path / "cold.pt"))
+    (cold,) = run_with_caches(_runs(("fully_shard", tmp_path / "cold.pt")), cache)
     assert cold["keyed"], "the first compilation was not keyed (it bypasses the cache)"
     assert cold["aot"].get("autograd_cache_saved") == 1, cold["aot"]
     assert cold["placements"] == ["(Shard(dim=0),)"], cold["placements"]
 
     # the restart, and in the same process the same model replicated instead of sharded
-    warm, replicated = _run(
-        cache, ("fully_shard", tmp_path / "warm.pt"), ("replicate", tmp_path / "replicated.pt")
+    warm, replicated = run_with_caches(
+        _runs(("fully_shard", tmp_path / "warm.pt"), ("replicate", tmp_path / "replicated.pt")),
+        cache,
     )
     assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
     assert warm["placements"] == cold["placements"]
