@@ -70,6 +70,23 @@ def test_the_key_is_the_first_compilations_content() -> None:
         assert other != key, f"the key did not change with the {what}"
 
 
+def test_the_key_changes_with_the_code_of_ap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retrace re-runs ap's own code (ap-tags' interpreters, ap-backend's call of the first
+    compilation), which the graphs do not show: an upgraded ap on an old cache directory must
+    miss. (Seen for real: editing ap-backend between the cold run and the restart of the
+    SimpleFSDP restart test made the restart miss.)"""
+    from ap_backend import _compat
+
+    torch.manual_seed(0)
+    model, x = _Mlp(), torch.randn(4, 16)
+    key = _key(model, x)
+    real = _compat.hash_package_sources
+    monkeypatch.setattr(
+        _compat, "hash_package_sources", lambda packages: real(packages) + b"an edited file"
+    )
+    assert _key(model, x) != key
+
+
 def test_a_graph_the_key_cannot_describe_is_refused() -> None:
     def python_helper(t: torch.Tensor) -> torch.Tensor:  # named by qualname only
         return t + 1
