@@ -11,16 +11,12 @@ from importlib.metadata import version as _distribution_version
 from ._compat import TESTED_TORCH, UnsupportedTorchError
 from ._compat import warn_if_untested as _warn_if_untested
 from ._config import BucketingConfig
+from ._cpu_estimation import cpu_overlap_estimators, cpu_runtime_estimation
 from ._greedy import bucket_collectives
 from ._groups import primary_fsdp_groups
 from ._liveness import max_gathered_bytes
 from ._metrics import max_consec_compute_between_rs
-from ._overlap import (
-    OverlapBucketingPass,
-    cpu_overlap_estimators,
-    cpu_runtime_estimation,
-    overlap_config_patches,
-)
+from ._overlap import OverlapBucketingPass, overlap_config_patches
 from ._patching import current_config, install, is_installed, patched, uninstall
 from ._sizes import MissingValueError
 from ._stats import (

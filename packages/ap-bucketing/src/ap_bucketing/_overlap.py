@@ -8,29 +8,27 @@ long after the forward's compile call returned. Its ``uuid()`` covers the config
 options and this package's source, so Inductor's FX-graph cache keys on all of them.
 
 On a machine without a GPU, ``cpu=True`` (the default there) swaps the GPU-only estimators for
-analytical ones: ``compute_estimator="analytical"``, no fusion regions, a custom runtime
-estimation, and a scoped replacement of ``overlap_scheduling.estimate_roofline_runtime_ms``
-(which needs a GPU on torch 2.13/2.14 and warns twice per node without one on 2.15).
+analytical ones (``_cpu_estimation``): ``compute_estimator="analytical"``, no fusion regions, a
+custom runtime estimation, and a scoped replacement of
+``overlap_scheduling.estimate_roofline_runtime_ms``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from typing import Any
 
-import torch
 import torch.fx as fx
 
 from . import _compat
-from ._checks import require_bool, require_instance, require_node
+from ._checks import require_bool, require_instance
 from ._coalesced import bucket_coalesced, pack_shards_op
 from ._coalesced import cap_fn as coalesced_cap_fn
 from ._config import COALESCED, BucketingConfig, resolve_config
 from ._contiguous import contiguous_bucket_inputs
+from ._cpu_estimation import cpu_overlap_estimators, cpu_runtime_estimation, default_cpu
 from ._groups import primary_fsdp_groups
 from ._hazards import (
     HazardCycle,
@@ -58,7 +56,7 @@ from ._replicate import (
     gradient_all_reduce_waits,
 )
 from ._rollback import checkpoint, restore, unsortable_nodes
-from ._sizes import collective_bytes, hint_int
+from ._sizes import collective_bytes
 from ._source import package_source_hash
 from ._waits import merge_duplicate_waits
 
@@ -67,71 +65,6 @@ log = logging.getLogger(__name__)
 # Tighter than torch's defaults (5 GB in flight, distance 200): overlap may then keep fewer
 # unsharded weights and unreduced gradients alive at once.
 _DEFAULT_SCHEDULE: dict[str, object] = {"max_in_flight_gb": 2.0, "max_coll_distance": 100}
-_CPU_BYTES_PER_MS = 1e7  # ~10 GB/s: a deterministic, order-preserving stand-in on CPU
-
-
-def _output_bytes(node: fx.Node) -> int:
-    val = node.meta.get("val")
-    vals = val if isinstance(val, (list, tuple)) else (val,)
-    total = 0
-    for v in vals:
-        if isinstance(v, torch.Tensor):
-            numel = hint_int(v.numel())
-            total += (numel or 0) * v.dtype.itemsize
-    return total
-
-
-def cpu_runtime_estimation(node: fx.Node, override_size: int | None = None) -> float:
-    """Analytical runtime (ms) for any node, usable as ``custom_runtime_estimation`` on CPU:
-    a fixed launch cost plus bytes moved at a nominal bandwidth. Deterministic, needs no GPU."""
-    require_node(node, where="cpu_runtime_estimation")
-    size = override_size if override_size is not None else _output_bytes(node)
-    return 0.005 + size / _CPU_BYTES_PER_MS
-
-
-def _cpu_roofline_ms(node: fx.Node) -> float:
-    return cpu_runtime_estimation(node, None)
-
-
-_estimator_lock = threading.Lock()
-_estimator_depth = 0
-_estimator_original: Any = None
-
-
-@contextlib.contextmanager
-def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
-    """Make overlap scheduling's estimators work without a GPU for the block (nestable).
-
-    Replaces ``overlap_scheduling.estimate_roofline_runtime_ms`` with ``cpu_runtime_estimation``
-    and restores the exact original on exit. On torch 2.13/2.14 the roofline queries the GPU's
-    DRAM bandwidth and raises without one; on 2.15 it falls back by itself but logs two
-    warnings per compute node ("No accelerator available for ... estimation"), thousands per
-    compile, so it is replaced there too.
-    """
-    global _estimator_depth, _estimator_original
-    require_bool(enabled, where="cpu_overlap_estimators", arg="enabled")
-    if not enabled:
-        yield
-        return
-    mod, name = _compat.roofline_estimator_site()
-    with _estimator_lock:
-        if _estimator_depth == 0:
-            _estimator_original = getattr(mod, name)
-            setattr(mod, name, _cpu_roofline_ms)
-        _estimator_depth += 1
-    try:
-        yield
-    finally:
-        with _estimator_lock:
-            _estimator_depth -= 1
-            if _estimator_depth == 0:
-                if getattr(mod, name) is _cpu_roofline_ms:
-                    setattr(mod, name, _estimator_original)
-                _estimator_original = None
-
-
-def _default_cpu() -> bool:
-    return not torch.cuda.is_available()
 
 
 class OverlapBucketingPass(_compat.CustomGraphPass):
@@ -160,7 +93,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         **schedule_overrides: object,
     ) -> None:
         self.config = resolve_config(config, where=_PASS)
-        self.cpu = _default_cpu() if cpu is None else require_bool(cpu, where=_PASS, arg="cpu")
+        self.cpu = default_cpu() if cpu is None else require_bool(cpu, where=_PASS, arg="cpu")
         if not isinstance(reorder, bool) and reorder != PREFETCH:
             raise TypeError(
                 f"{_PASS}: reorder must be a bool or {PREFETCH!r}, got {reorder!r} "
