@@ -24,8 +24,9 @@ from ap_tags.graph import is_all_gather_output
 from ap_backend._backend import AutoParallelBackend, autoparallel_backend
 from ap_backend._compat import SUPPORT as _TORCH_SUPPORT
 from ap_backend._compat import TESTED_TORCH, UnsupportedTorchError
+from ap_backend._first_compilation import FirstCompilation
 from ap_backend._measure import measure_saved
-from ap_backend._precompile import FirstCompilation, PrecompiledModule, precompile
+from ap_backend._precompile import PrecompiledModule, precompile
 from ap_backend._saved import SavedSummary
 from ap_backend._trace import PrecompileError
 

@@ -33,7 +33,7 @@ from ap_backend._saved import SavedSummary
 from ap_backend._signature import CallSignature, call_signature, refuse_dynamic_dims
 from ap_backend._trace import PrecompileError
 
-__all__ = ["FirstCompilation", "FirstPartitioner", "PrecompiledModule", "precompile"]
+__all__ = ["PrecompiledModule", "precompile"]
 
 log = logging.getLogger(__name__)
 
