@@ -6,7 +6,10 @@ the ``module_fqn`` of the retraced first compilation's first forward op: every g
 reduce-scatter (and the cast feeding it) of the model kit and of torchtitan's Llama3 read
 ``tok_embeddings``, and the block-wide rule saw the whole backward as one block (the kit's 21
 reduce-scatters in one bucket). ``ap_epchunk.restore_backward_module_fqns`` before Inductor
-puts back the FQN the first compilation stamped.
+puts back the FQN the first compilation stamped. On torch 2.11 that stamp never reached it: the copy there
+replaces a backward node's ``custom`` with its forward node's instead of merging over it (2.15),
+and the second compilation's backward bucketed as one block (H200: 6.07 GiB peak against 5.19
+unbucketed); the backend holds ``_compat.BACKWARD_CUSTOM_MERGE`` around its compile.
 
 Fake process group (structure only); the kit (dim 64, 2 layers) and torchtitan's Llama3 through
 the zoo's builder (1 layer, precompiled inside ``annotate_module_fqns`` of the wrapped model, as
@@ -16,6 +19,7 @@ the zoo's EP route does: its ``FsdpTrainStep`` hides the model from ``named_modu
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,3 +139,39 @@ def test_torchtitan_llama3_gradients_name_their_parameters_module(world: None) -
     seen, stats = _compile(step, batch, zm.module)
     blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "lm_head"}
     _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
+
+
+def _replacing_metadata_copy(fx_g: torch.fx.GraphModule) -> None:
+    """torch 2.11's ``copy_fwd_metadata_to_bw_nodes``, reduced to what matters here: a backward
+    node (``partitioner_tag == "is_backward"``) with a forward node of the same ``seq_nr`` gets a
+    deep copy of that node's ``custom`` *in place of* its own."""
+    forward: dict[int, torch.fx.Node] = {}
+    for node in fx_g.graph.nodes:
+        if node.meta.get("partitioner_tag") != "is_backward" and "seq_nr" in node.meta:
+            forward.setdefault(node.meta["seq_nr"], node)
+    for node in fx_g.graph.nodes:
+        if node.meta.get("partitioner_tag") != "is_backward" or "seq_nr" not in node.meta:
+            continue
+        if node.meta.get("is_gradient_acc", False):
+            continue
+        source = forward.get(node.meta["seq_nr"])
+        if source is not None and source.meta.get("custom") is not None:
+            node.meta["custom"] = copy.deepcopy(source.meta["custom"])
+
+
+def test_model_kit_gradients_name_their_module_where_torch_replaces_custom(
+    world: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a torch whose forward-to-backward copy replaces ``custom`` (2.11's, stood in for
+    here), the backward still names each gradient's own module and buckets one block at a
+    time."""
+    from ap_backend.models import ModelConfig, Sharding, Transformer
+    from torch._functorch._aot_autograd import graph_capture
+
+    assert backend_compat.metadata_copy_replaces_custom(_replacing_metadata_copy)
+    monkeypatch.setattr(graph_capture, "copy_fwd_metadata_to_bw_nodes", _replacing_metadata_copy)
+    model = Transformer(ModelConfig(dim=64, n_layers=2, seq_len=64), Sharding.from_world())
+    seen, stats = _compile(model, model.example_batch(0, 0))
+    blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "output"}
+    _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
+    assert graph_capture.copy_fwd_metadata_to_bw_nodes is _replacing_metadata_copy  # undone

@@ -253,6 +253,9 @@ class AutoParallelBackend:
                 partitioning(self._partitioner, joint_pass if needs_joint_pass else None)
             )
             stack.enter_context(scalar_outputs_allowed(example_inputs))
+            # the backward keeps the module FQNs the first compilation stamped (torch 2.11
+            # replaced them with the first forward op's: one block for the whole backward)
+            stack.enter_context(_compat.BACKWARD_CUSTOM_MERGE)
             # EP chunking reads chunk-dim marks off the input tensors, which the cache key
             # does not see: its graphs keep bypassing AOTAutograd's cache
             keyed = key_first_compilation_calls(gm) if opts.ep_chunk is None else 0

@@ -399,6 +399,74 @@ FIRST_PARTITION_RNG_RULE = ScopedPatch(
 )
 
 
+# --------------------------------------------------------------------------- backward metadata
+
+_GRAPH_CAPTURE = "torch._functorch._aot_autograd.graph_capture"
+_METADATA_COPY = "copy_fwd_metadata_to_bw_nodes"
+
+
+def metadata_copy_replaces_custom(copy: Callable[[torch.fx.GraphModule], None]) -> bool:
+    """Whether AOTAutograd's forward-to-backward metadata copy ``copy`` *replaces* a backward
+    node's ``custom`` dict with its forward node's (torch 2.11) instead of merging the forward's
+    keys over it (2.15). Decided by running it on a two-node graph, not by version: a forward
+    node and a backward node (``partitioner_tag == "is_backward"``) sharing one ``seq_nr``, each
+    with a ``custom`` key of its own; the backward one keeps its key only where ``copy`` merges."""
+    graph = torch.fx.Graph()
+    forward = graph.placeholder("x")
+    forward.meta.update(seq_nr=0, custom={"forward_key": 1})
+    backward = graph.call_function(torch.neg, (forward,))
+    backward.meta.update(seq_nr=0, partitioner_tag="is_backward", custom={"backward_key": 1})
+    graph.output(backward)
+    copy(torch.fx.GraphModule(torch.nn.Module(), graph))
+    custom = backward.meta.get("custom")
+    return not (isinstance(custom, dict) and "backward_key" in custom)
+
+
+def _merge_backward_custom_like_2_15() -> Callable[[], None]:
+    try:
+        mod: Any = SUPPORT.attrs(_GRAPH_CAPTURE, (_METADATA_COPY,))
+    except UnsupportedTorchError:  # a torch without this copy has nothing to merge
+        return lambda: None
+    old = getattr(mod, _METADATA_COPY)
+    if not metadata_copy_replaces_custom(old):  # 2.15: torch already merges
+        return lambda: None
+
+    def copy_merging(fx_g: torch.fx.GraphModule) -> None:
+        own = {
+            node: node.meta["custom"]
+            for sub in fx_g.modules()
+            if isinstance(sub, torch.fx.GraphModule)
+            for node in sub.graph.nodes
+            if isinstance(node.meta.get("custom"), dict)
+        }
+        old(fx_g)
+        for node, custom in own.items():
+            copied = node.meta.get("custom")
+            if isinstance(copied, dict) and copied is not custom:
+                node.meta["custom"] = {**custom, **copied}
+
+    setattr(mod, _METADATA_COPY, copy_merging)
+
+    def undo() -> None:
+        setattr(mod, _METADATA_COPY, old)
+
+    return undo
+
+
+#: While held, AOTAutograd's forward-to-backward metadata copy keeps a backward node's own
+#: ``custom`` keys under the forward node's (torch 2.15's merge) on a torch whose copy replaces
+#: the whole dict (2.11). Why: in the second compilation the retraced first compilation is one
+#: autograd op, so every backward node gets the ``custom`` of its first forward op; a replacing
+#: copy drops the FQN the first compilation stamped on each backward node
+#: (``ap_epchunk.tag_backward_module_fqns``), and ap-bucketing then saw the whole backward as the
+#: block ``tok_embeddings``: one bucket of every re-gather and one of every gradient
+#: (torch 2.11, H200: 6.07 GiB peak against 5.19 unbucketed). Where torch merges, a no-op.
+BACKWARD_CUSTOM_MERGE = ScopedPatch(
+    "graph_capture.copy_fwd_metadata_to_bw_nodes merges custom (2.15)",
+    _merge_backward_custom_like_2_15,
+)
+
+
 def inductor_has_option(dotted: str) -> bool:
     """``torch._inductor.config`` has the option ``dotted`` (``"aten_distributed_optimizations.
     compute_estimator"``: 2.12+; 2.11's overlap scheduler has no compute estimator choice)."""
