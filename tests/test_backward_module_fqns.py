@@ -26,7 +26,7 @@ from typing import Any
 import ap_backend._compat as backend_compat
 import pytest
 import torch
-from ap_backend import autoparallel_backend, precompile
+from ap_backend import AutoParallelBackend, autoparallel_backend, precompile
 from ap_bucketing import BucketingStats, collect_stats
 from ap_bucketing._blocks import block_of
 from ap_testing.distributed import fake_world
@@ -77,9 +77,9 @@ def _collective_names() -> Iterator[dict[bool, Names]]:
 
 def _compile(
     model: torch.nn.Module, batch: tuple[Any, ...], inner: torch.nn.Module | None = None
-) -> tuple[dict[bool, Names], list[BucketingStats]]:
-    """One training step's compile with the default backend (fake PG): the collectives' names
-    and the bucketing stats."""
+) -> tuple[dict[bool, Names], list[BucketingStats], AutoParallelBackend]:
+    """One training step's compile with the default backend (fake PG): the collectives' names,
+    the bucketing stats and the backend."""
     torch.compiler.reset()
     with contextlib.ExitStack() as stack:
         seen = stack.enter_context(_collective_names())
@@ -90,8 +90,9 @@ def _compile(
 
                 tracing.enter_context(annotate_module_fqns(inner))
             pm = precompile(model, batch)
-        torch.compile(pm, backend=autoparallel_backend())(*batch).backward()
-    return seen, stats
+        backend = autoparallel_backend()
+        torch.compile(pm, backend=backend)(*batch).backward()
+    return seen, stats, backend
 
 
 def _assert_each_gradient_names_its_parameters_module(
@@ -123,9 +124,10 @@ def test_model_kit_gradients_name_their_parameters_module(world: None) -> None:
     from ap_backend.models import ModelConfig, Sharding, Transformer
 
     model = Transformer(ModelConfig(dim=64, n_layers=2, seq_len=64), Sharding.from_world())
-    seen, stats = _compile(model, model.example_batch(0, 0))
+    seen, stats, backend = _compile(model, model.example_batch(0, 0))
     blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "output"}
     _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
+    assert [c["module_fqns_lost"] for c in backend.inner_compiles] == [0, 0]
 
 
 def test_torchtitan_llama3_gradients_name_their_parameters_module(world: None) -> None:
@@ -136,9 +138,10 @@ def test_torchtitan_llama3_gradients_name_their_parameters_module(world: None) -
     zm = torchtitan_models.llama3(1, n_layers=2, seq=64)
     step = FsdpTrainStep(zm.module, zm.loss_fn, n_model_inputs=zm.n_model_inputs)
     batch = tuple(zm.batches[0])
-    seen, stats = _compile(step, batch, zm.module)
+    seen, stats, backend = _compile(step, batch, zm.module)
     blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "lm_head"}
     _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
+    assert [c["module_fqns_lost"] for c in backend.inner_compiles] == [0, 0]
 
 
 def _replacing_metadata_copy(fx_g: torch.fx.GraphModule) -> None:
@@ -171,7 +174,30 @@ def test_model_kit_gradients_name_their_module_where_torch_replaces_custom(
     assert backend_compat.metadata_copy_replaces_custom(_replacing_metadata_copy)
     monkeypatch.setattr(graph_capture, "copy_fwd_metadata_to_bw_nodes", _replacing_metadata_copy)
     model = Transformer(ModelConfig(dim=64, n_layers=2, seq_len=64), Sharding.from_world())
-    seen, stats = _compile(model, model.example_batch(0, 0))
+    seen, stats, backend = _compile(model, model.example_batch(0, 0))
     blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "output"}
     _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
     assert graph_capture.copy_fwd_metadata_to_bw_nodes is _replacing_metadata_copy  # undone
+    assert [c["module_fqns_lost"] for c in backend.inner_compiles] == [0, 0]
+
+
+def test_a_backward_that_lost_its_module_names_is_reported(
+    world: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the names are lost all the same (2.11's replacing copy without the backend's
+    merge: what a future torch could do again), the backend says so -- a warning and
+    ``module_fqns_lost`` on the backward's record -- instead of bucketing the whole backward as
+    one block in silence."""
+    from ap_backend.models import ModelConfig, Sharding, Transformer
+    from torch._functorch._aot_autograd import graph_capture
+
+    monkeypatch.setattr(graph_capture, "copy_fwd_metadata_to_bw_nodes", _replacing_metadata_copy)
+    monkeypatch.setattr(backend_compat, "BACKWARD_CUSTOM_MERGE", contextlib.nullcontext())
+    model = Transformer(ModelConfig(dim=64, n_layers=2, seq_len=64), Sharding.from_world())
+    with caplog.at_level("WARNING", logger="ap_backend"):
+        seen, _, backend = _compile(model, model.example_batch(0, 0))
+    lost = [c["module_fqns_lost"] for c in backend.inner_compiles]
+    assert lost[0] == 0 and lost[1] >= 21, lost  # the 21 gradient reduce-scatters at least
+    assert "without the module FQN the first compilation stamped" in caplog.text
+    scattered = {f for kind, f, _ in seen[True] if kind == "reduce_scatter_tensor"}
+    assert scattered == {"tok_embeddings"}  # what the warning is about

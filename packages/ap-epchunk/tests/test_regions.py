@@ -110,3 +110,27 @@ def test_restore_backward_module_fqns_puts_back_each_nodes_own_module() -> None:
     )
     assert c.meta["custom"]["module_fqn"] == "tok_embeddings"
     assert restore_backward_module_fqns(g) == 0
+
+
+def test_backward_module_fqns_lost_lists_backward_collectives_without_their_stamp() -> None:
+    """A backward reduce-scatter that names a module but lost its stamp is listed; a stamped
+    one, a forward all-gather and an unnamed collective are not."""
+    import torch
+    from ap_epchunk import backward_module_fqns_lost
+
+    c10d = torch.ops._c10d_functional
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    gather = g.call_function(c10d.all_gather_into_tensor.default, (x, 8, "0"))
+    kept = g.call_function(c10d.reduce_scatter_tensor.default, (gather, "sum", 8, "0"))
+    lost = g.call_function(c10d.reduce_scatter_tensor.default, (kept, "sum", 8, "0"))
+    unnamed = g.call_function(c10d.reduce_scatter_tensor.default, (lost, "sum", 8, "0"))
+    g.output(unnamed)
+    gather.meta["custom"] = {"module_fqn": "tok_embeddings"}
+    for node in (kept, lost, unnamed):
+        node.meta["partitioner_tag"] = "is_backward"
+    kept.meta["custom"] = {"module_fqn": "layers.0", "ap_chunk_backward_fqn": "layers.0.w1"}
+    lost.meta["custom"] = {"module_fqn": "tok_embeddings"}
+    assert backward_module_fqns_lost(g) == [lost.name]
+    lost.meta["custom"] = {"module_fqn": "tok_embeddings", "ap_chunk_backward_fqn": "layers.1"}
+    assert backward_module_fqns_lost(g) == []

@@ -93,6 +93,16 @@ def _joint_key(options: BackendOptions) -> str:
     return repr((options.enable_ac, options.ac_stage_size_gib, options.ep_chunk, code))
 
 
+def retraces_first_compilation(gm: torch.fx.GraphModule) -> bool:
+    """Whether Dynamo's graph ``gm`` calls a ``nonstrict_trace``'d function (how
+    ``PrecompiledModule`` calls its first compilation): only then does its backward carry the
+    module FQNs the first compilation stamped, and only then is their absence a loss."""
+    return any(
+        node.op == "call_function" and _compat.is_nonstrict_capture(node.target)
+        for node in gm.graph.nodes
+    )
+
+
 class AutoParallelBackend:
     """The callable returned by :func:`autoparallel_backend`. Besides compiling, it keeps what
     each compile decided, so tests and the demo read results without monkeypatching:
@@ -105,8 +115,10 @@ class AutoParallelBackend:
       whose ``ChunkConfig.schedule_overlap`` is on);
     * ``lane_reports``: ap-epchunk's exchange-lane reports (``ChunkConfig.exchange_lane``);
     * ``compile_seconds``: wall time of each backend call (forward + joint partition);
-    * ``inner_compiles``: per graph handed to Inductor, ``is_backward`` and ``collectives``
-      (:func:`collective_counts` of the partitioned graph).
+    * ``inner_compiles``: per graph handed to Inductor, ``is_backward``, ``collectives``
+      (:func:`collective_counts` of the partitioned graph) and ``module_fqns_lost`` (how many
+      of a retraced first compilation's backward collectives arrived without their stamped
+      module FQN; logged as a warning).
 
     A compile served from Inductor's caches records less: an AOTAutograd cache hit (a restarted
     job, caches on) runs no partitioner and no pass, so these lists stay empty; an FX-graph
@@ -210,19 +222,40 @@ class AutoParallelBackend:
 
     # -- compile -------------------------------------------------------------------------------
     def _inner_compile(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        retraces_first_compilation: bool = False,
+        **kwargs: Any,
     ) -> Any:
         """Wraps Inductor's ``compile_fx_inner`` (looked up at call time) for the forward and
-        the lazily compiled backward."""
+        the lazily compiled backward; ``retraces_first_compilation``: the Dynamo graph calls a
+        first compilation (bound by :meth:`__call__`)."""
         opts = self.options
+        is_backward = bool(kwargs.get("is_backward", False))
         # torch's forward-to-backward metadata copy named one module for the whole backward of
         # the retraced first compilation; put back each node's own (the gradient reduce-scatters
         # name their parameter's module: what block-wide bucketing keys on)
         ap_epchunk.restore_backward_module_fqns(gm.graph)
+        lost: list[str] = []
+        if is_backward and retraces_first_compilation:
+            lost = ap_epchunk.backward_module_fqns_lost(gm.graph)
+        if lost:
+            log.warning(
+                "autoparallel_backend: %d backward collective(s) of a first compilation (%s) "
+                "reached Inductor without the module FQN the first compilation stamped on them "
+                "(torch's forward-to-backward metadata copy dropped it); they name the first "
+                "forward op's module instead, so block-wide bucketing buckets them as one block "
+                "(gradients are unaffected; peak memory is not)",
+                len(lost),
+                ", ".join(lost[:4]) + (", ..." if len(lost) > 4 else ""),
+            )
         self.inner_compiles.append(
             {
-                "is_backward": bool(kwargs.get("is_backward", False)),
+                "is_backward": is_backward,
                 "collectives": collective_counts(gm.graph),
+                "module_fqns_lost": len(lost),
             }
         )
         with contextlib.ExitStack() as stack:
@@ -248,6 +281,7 @@ class AutoParallelBackend:
         needs_joint_pass = opts.enable_ac or opts.ep_chunk is not None
         start = time.perf_counter()
         joint_pass = functools.partial(self._joint_pass, graph_inputs=list(example_inputs))
+        retraced = retraces_first_compilation(gm)  # before the cache keying rewrites the call
         with contextlib.ExitStack() as stack:
             stack.enter_context(
                 partitioning(self._partitioner, joint_pass if needs_joint_pass else None)
@@ -269,7 +303,9 @@ class AutoParallelBackend:
             compiled = _compat.compile_fx()(
                 gm,
                 example_inputs,
-                inner_compile=self._inner_compile,
+                inner_compile=functools.partial(
+                    self._inner_compile, retraces_first_compilation=retraced
+                ),
                 config_patches=self._persistent_patches or None,
             )
         self.compile_seconds.append(time.perf_counter() - start)

@@ -24,6 +24,7 @@ from ._lane import LaneReport, exchange_lane
 from ._marking import chunk_dims_of, chunk_inputs_from_marks, mark_chunk_dim
 from ._passes import chunk_pass
 from ._regions import (
+    backward_module_fqns_lost,
     restore_backward_module_fqns,
     tag_backward_module_fqns,
     tag_recomputed_module_fqns,
@@ -55,6 +56,7 @@ __all__ = [
     "fake_chunk_inputs",
     "mark_chunk_dim",
     "schedule_chunk_overlap",
+    "backward_module_fqns_lost",
     "restore_backward_module_fqns",
     "tag_backward_module_fqns",
     "tag_recomputed_module_fqns",

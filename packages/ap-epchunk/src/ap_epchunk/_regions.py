@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch.fx
 from ap_tags import CHUNK_GLUE, CHUNK_INDEX, CUSTOM, MODULE_FQN, module_fqn
-from ap_tags.graph import is_backward_node
+from ap_tags.graph import is_backward_node, is_collective
 
 from ._errors import BACKWARD_FQN_KEY
 
@@ -164,6 +164,25 @@ def restore_backward_module_fqns(graph: torch.fx.Graph) -> int:
             node.meta[CUSTOM] = {**own, MODULE_FQN: fqn}
             changed += 1
     return changed
+
+
+def backward_module_fqns_lost(graph: torch.fx.Graph) -> list[str]:
+    """The backward collectives of ``graph`` that name a module (``custom["module_fqn"]``) but
+    carry no FQN stamped by :func:`tag_backward_module_fqns` or
+    :func:`tag_recomputed_module_fqns`. In a graph retraced from a first compilation, where both
+    stamp every backward collective, each one listed lost its stamp to torch's
+    forward-to-backward metadata copy (it replaces ``custom`` on torch 2.11) and names the
+    first forward op's module instead of its own: :func:`restore_backward_module_fqns` has
+    nothing to put back for it. Empty when nothing was lost."""
+    return [
+        node.name
+        for node in graph.nodes
+        if node.op == "call_function"
+        and is_backward_node(node)
+        and is_collective(node)
+        and _stamped_fqn(node) is None
+        and _custom_fqn(node) is not None
+    ]
 
 
 #: ``partitioner_tag`` values AOTAutograd puts on forward ops; in a backward graph they mark
