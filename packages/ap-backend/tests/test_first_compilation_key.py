@@ -155,6 +155,49 @@ def test_only_calls_of_a_keyed_first_compilation_are_rewritten() -> None:
     assert call_first_compilation in targets
 
 
+def test_a_call_through_a_function_spec_is_keyed_and_runs_the_same() -> None:
+    """torch 2.11 hands the nonstrict callable to ``flat_apply`` as ``func_to_graphable``'s
+    spec of a ``_ConstantFunction`` instead of a ``_LeafCallable`` (2.15): that form is keyed
+    too (AOTAutograd's cache bypassed every ap second compilation on 2.11), stays a spec, and
+    the rewritten graph computes what the original did."""
+    from ap_backend import _aot_cache
+    from torch._higher_order_ops.flat_apply import func_to_graphable
+    from torch.utils._pytree import TreeSpec
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    seen: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(precompile(_Mlp(), (x,)), backend=capture)(x)
+    ((gm, inputs),) = seen
+    (call,) = [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == _CAPTURE]
+    holder = str(call.args[0].target)
+    fn = _compat_function(getattr(gm, holder))
+    assert callable(fn)
+    setattr(gm, holder, func_to_graphable(fn)[1])  # 2.11's form (a no-op change there)
+    expected = gm(*inputs)
+    assert key_first_compilation_calls(gm) == 1
+    spec = getattr(gm, holder)
+    assert isinstance(spec, TreeSpec)
+    assert isinstance(_compat_function(spec), _aot_cache.KeyedCall)
+    assert call.target is call_first_compilation
+    torch.testing.assert_close(gm(*inputs), expected, rtol=0, atol=0)
+
+
+_CAPTURE = "flat_apply_capture"  # Dynamo's closure around a nonstrict call
+
+
+def _compat_function(value: object) -> object:
+    from ap_backend import _compat
+
+    return _compat.leaf_callable_function(value)
+
+
 def test_a_torch_without_the_internals_leaves_the_graph_as_it_was(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

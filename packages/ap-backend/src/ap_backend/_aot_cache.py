@@ -259,12 +259,13 @@ def _rewrites(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, str, Any]]:
         holder = node.args[0]
         if not isinstance(holder, torch.fx.Node) or holder.op != "get_attr":
             continue
-        fn = _compat.leaf_callable_function(getattr(gm, str(holder.target), None))
+        original = getattr(gm, str(holder.target), None)
+        fn = _compat.leaf_callable_function(original)
         key = None if fn is None else _first_compilation_key_of(fn)
         if fn is None or key is None:
             continue
         keyed = KeyedCall(fn, key, node.target)
-        plan.append((node, str(holder.target), _compat.leaf_callable(keyed)))
+        plan.append((node, str(holder.target), _compat.leaf_callable_like(original, keyed)))
     return plan
 
 

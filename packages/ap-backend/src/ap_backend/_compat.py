@@ -482,7 +482,9 @@ def inductor_has_option(dotted: str) -> bool:
 
 #: Where Dynamo's call of a ``nonstrict_trace``'d function lands in its graph: a closure made
 #: per call site, ``torch._dynamo.variables.torch.<...>.flat_apply_capture(callable, in_spec,
-#: *flat_args)`` (torch 2.15). Another torch names it otherwise, and nothing is rewritten.
+#: *flat_args)`` (torch 2.11 and 2.15; the callable is a ``_LeafCallable`` on 2.15, a
+#: ``_ConstantFunction`` spec on 2.11). Another torch names it otherwise, and nothing is
+#: rewritten.
 _NONSTRICT_CAPTURE = ("torch._dynamo.variables.torch", "flat_apply_capture")
 _LEAF_CALLABLE = "torch._higher_order_ops.invoke_leaf_function"
 
@@ -493,20 +495,59 @@ def is_nonstrict_capture(target: object) -> bool:
     return getattr(target, "__module__", None) == module and getattr(target, "__name__", "") == name
 
 
-def leaf_callable_function(value: object) -> Callable[..., Any] | None:
-    """The function a Dynamo ``_LeafCallable`` (the graph attribute a nonstrict call passes to
-    ``flat_apply``) calls, or None when ``value`` is not one."""
-    leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
-    if type(value) is not leaf:
+_FLAT_APPLY = "torch._higher_order_ops.flat_apply"
+
+
+def _constant_function_spec(value: object) -> Callable[..., Any] | None:
+    """The function a ``flat_apply`` function spec (torch 2.11-2.14: Dynamo passes the
+    nonstrict callable as ``func_to_graphable``'s ``TreeSpec`` of a ``_ConstantFunction``)
+    holds, or None when ``value`` is not one."""
+    import torch.utils._pytree as pytree
+
+    if not isinstance(value, pytree.TreeSpec) or value.num_leaves != 0:
         return None
-    fn = getattr(value, "_fn", None)
+    constant = SUPPORT.attr(_FLAT_APPLY, "_ConstantFunction")
+    try:
+        unflat = pytree.tree_unflatten([], value)
+    except Exception:  # a spec of something else: not ours to read
+        return None
+    if type(unflat) is not constant:
+        return None
+    fn = getattr(unflat, "func", None)
     return fn if callable(fn) else None
 
 
-def leaf_callable(fn: Callable[..., Any]) -> Any:
-    """A ``_LeafCallable`` calling ``fn`` (``flat_apply`` accepts only registered classes)."""
-    leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
-    return leaf(fn)
+def leaf_callable_function(value: object) -> Callable[..., Any] | None:
+    """The function the callable a nonstrict call passes to ``flat_apply`` calls -- a Dynamo
+    ``_LeafCallable`` (torch 2.15) or a ``_ConstantFunction`` spec (2.11) -- or None when
+    ``value`` is neither."""
+    if _has(_LEAF_CALLABLE, "_LeafCallable"):
+        leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
+        if type(value) is leaf:
+            fn = getattr(value, "_fn", None)
+            return fn if callable(fn) else None
+    if _has(_FLAT_APPLY, "_ConstantFunction"):
+        return _constant_function_spec(value)
+    return None
+
+
+def leaf_callable_like(original: object, fn: Callable[..., Any]) -> Any:
+    """A callable of the same form as ``original`` (a ``_LeafCallable``, or a
+    ``_ConstantFunction`` spec) that calls ``fn``: what ``flat_apply`` accepts in its place."""
+    if _has(_LEAF_CALLABLE, "_LeafCallable"):
+        leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
+        if isinstance(original, leaf):
+            return leaf(fn)
+    to_graphable: Any = SUPPORT.attr(_FLAT_APPLY, "func_to_graphable")
+    return to_graphable(fn)[1]
+
+
+def _has(module_name: str, name: str) -> bool:
+    try:
+        SUPPORT.attr(module_name, name)
+    except UnsupportedTorchError:
+        return False
+    return True
 
 
 _FAKE_CLASS_REGISTRY = "torch._library.fake_class_registry"
