@@ -1,6 +1,6 @@
 """Smoke test of the benchmark suite: ``--quick`` runs sections end to end and writes JSON with
 their data. Timings are not asserted (they belong to the suite, not to tests). The default run
-takes the four cheap sections; ``uv run pytest -m heavy`` runs all ten (~10 minutes on 2
+takes the three cheap sections; ``uv run pytest -m heavy`` runs all ten (~10 minutes on 2
 cores)."""
 
 from __future__ import annotations
@@ -31,9 +31,18 @@ SECTIONS = (
 
 #: Sections whose ``--quick`` run is minutes on 2 cores (five fresh compiles on two gloo ranks;
 #: four codegen compiles of the model kit; the zoo's real models, and their compile times; the
-#: partitioner's timing loops; the 8B projection's exact partitions): only the ``heavy`` test
-#: runs them.
-HEAVY = ("e2e", "kernels", "real_models", "real_models_compile", "partitioner", "projection")
+#: partitioner's timing loops; the 8B projection's exact partitions; the GPU benchmark's six
+#: worker processes, 114 s -- its runner is tested on its own in
+#: ``tests/test_gpu_benchmark_workers.py``): only the ``heavy`` test runs them.
+HEAVY = (
+    "e2e",
+    "kernels",
+    "real_models",
+    "real_models_compile",
+    "partitioner",
+    "projection",
+    "gpu",
+)
 CHEAP = tuple(name for name in SECTIONS if name not in HEAVY)
 
 
@@ -67,7 +76,6 @@ def test_quick_run_writes_the_cheap_sections(tmp_path: Path) -> None:
     assert sections["memory"]["rows"] and sections["memory"]["rows"][0]["partitions"]["first"]
     assert sections["bucketing"]["rows"]
     assert sections["chunking"]["rows"]
-    _check_gpu_rows(sections["gpu"])
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "bucketing_time.png",
         "chunking_time.png",
@@ -82,6 +90,7 @@ def test_quick_run_writes_every_section(tmp_path: Path) -> None:
     real = sections["real_models"]["rows"][0]["partitions"]
     assert real["replay_min_cut"]["runtime_bytes"] == real["replay_min_cut"]["bytes"]  # 2 measures
     assert sections["kernels"] and sections["projection"]
+    _check_gpu_rows(sections["gpu"])
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "bucketing_time.png",
         "chunking_time.png",
