@@ -29,6 +29,7 @@ class UnsupportedTorchError(torch_support.UnsupportedTorchError):
 
 
 SUPPORT = torch_support.TorchSupport("ap-backend", TESTED_TORCH, UnsupportedTorchError)
+log = logging.getLogger(__name__)
 
 _INDUCTOR_CONFIG = "torch._inductor.config"
 _FUNCTORCH_CONFIG = "torch._functorch.config"
@@ -428,7 +429,12 @@ def _merge_backward_custom_like_2_15() -> Callable[[], None]:
     except UnsupportedTorchError:  # a torch without this copy has nothing to merge
         return lambda: None
     old = getattr(mod, _METADATA_COPY)
-    if not metadata_copy_replaces_custom(old):  # 2.15: torch already merges
+    try:
+        replaces = metadata_copy_replaces_custom(old)
+    except Exception:  # a copy that refuses the probe graph: leave torch's as it is
+        log.debug("%s: probe failed; torch's copy left as it is", _METADATA_COPY, exc_info=True)
+        replaces = False
+    if not replaces:  # 2.15: torch already merges
         return lambda: None
 
     def copy_merging(fx_g: torch.fx.GraphModule) -> None:
@@ -499,9 +505,9 @@ _FLAT_APPLY = "torch._higher_order_ops.flat_apply"
 
 
 def _constant_function_spec(value: object) -> Callable[..., Any] | None:
-    """The function a ``flat_apply`` function spec (torch 2.11-2.14: Dynamo passes the
-    nonstrict callable as ``func_to_graphable``'s ``TreeSpec`` of a ``_ConstantFunction``)
-    holds, or None when ``value`` is not one."""
+    """The function a ``flat_apply`` function spec (torch 2.11: Dynamo passes the nonstrict
+    callable as ``func_to_graphable``'s ``TreeSpec`` of a ``_ConstantFunction``) holds, or None
+    when ``value`` is not one."""
     import torch.utils._pytree as pytree
 
     if not isinstance(value, pytree.TreeSpec) or value.num_leaves != 0:
