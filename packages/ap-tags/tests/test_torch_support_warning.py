@@ -66,3 +66,10 @@ def test_importing_ap_tags_on_a_newer_torch_warns_once(
     assert [r.getMessage() for r in records] == [
         torch_support.untested_message("ap-tags", ap_tags.TESTED_TORCH, "2.16.0.dev20261101")
     ]
+
+
+def test_has_answers_without_raising() -> None:
+    support = _support()
+    assert support.has("torch.fx", "Graph")
+    assert not support.has("torch.fx", "no_such_internal")
+    assert not support.has("torch.no_such_module", "Graph")

@@ -527,12 +527,12 @@ def leaf_callable_function(value: object) -> Callable[..., Any] | None:
     """The function the callable a nonstrict call passes to ``flat_apply`` calls -- a Dynamo
     ``_LeafCallable`` (torch 2.15) or a ``_ConstantFunction`` spec (2.11) -- or None when
     ``value`` is neither."""
-    if _has(_LEAF_CALLABLE, "_LeafCallable"):
+    if SUPPORT.has(_LEAF_CALLABLE, "_LeafCallable"):
         leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
         if type(value) is leaf:
             fn = getattr(value, "_fn", None)
             return fn if callable(fn) else None
-    if _has(_FLAT_APPLY, "_ConstantFunction"):
+    if SUPPORT.has(_FLAT_APPLY, "_ConstantFunction"):
         return _constant_function_spec(value)
     return None
 
@@ -540,20 +540,12 @@ def leaf_callable_function(value: object) -> Callable[..., Any] | None:
 def leaf_callable_like(original: object, fn: Callable[..., Any]) -> Any:
     """A callable of the same form as ``original`` (a ``_LeafCallable``, or a
     ``_ConstantFunction`` spec) that calls ``fn``: what ``flat_apply`` accepts in its place."""
-    if _has(_LEAF_CALLABLE, "_LeafCallable"):
+    if SUPPORT.has(_LEAF_CALLABLE, "_LeafCallable"):
         leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
         if isinstance(original, leaf):
             return leaf(fn)
     to_graphable: Any = SUPPORT.attr(_FLAT_APPLY, "func_to_graphable")
     return to_graphable(fn)[1]
-
-
-def _has(module_name: str, name: str) -> bool:
-    try:
-        SUPPORT.attr(module_name, name)
-    except UnsupportedTorchError:
-        return False
-    return True
 
 
 _FAKE_CLASS_REGISTRY = "torch._library.fake_class_registry"

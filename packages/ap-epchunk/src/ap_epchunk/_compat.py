@@ -49,7 +49,7 @@ def require_internals() -> None:
     missing = [f"ShapeEnv.{name}" for name in _SHAPE_ENV_METHODS if not hasattr(ShapeEnv, name)]
     if not _has_hint_overrides():
         missing.append("ShapeEnv.var_to_hint_override")
-    if not _has_attr("torch._dynamo.decorators", "mark_unbacked"):
+    if not SUPPORT.has("torch._dynamo.decorators", "mark_unbacked"):
         missing.append("torch._dynamo.decorators.mark_unbacked")
     if missing:
         raise SUPPORT.missing(", ".join(missing))
@@ -60,14 +60,6 @@ def _has_hint_overrides() -> bool:
         return hasattr(ShapeEnv(), "var_to_hint_override")
     except Exception:  # noqa: BLE001 - a ShapeEnv that cannot even be built lacks it too
         return False
-
-
-def _has_attr(module: str, name: str) -> bool:
-    try:
-        SUPPORT.attr(module, name)
-    except UnsupportedTorchError:
-        return False
-    return True
 
 
 def mark_unbacked_fn() -> Callable[..., Any]:

@@ -87,6 +87,15 @@ class TorchSupport:
             raise self.missing(f"{module_name}.{name}")
         return getattr(mod, name)
 
+    def has(self, module_name: str, name: str) -> bool:
+        """Whether this torch provides ``module_name.name`` (a feature check that raises
+        nothing: for code that takes another path where the internal is missing)."""
+        try:
+            self.attr(module_name, name)
+        except self.error:
+            return False
+        return True
+
     def attrs(self, module_name: str, names: tuple[str, ...]) -> ModuleType:
         """``module_name`` after checking that it provides every one of ``names``."""
         mod = self.module(module_name)
