@@ -181,10 +181,11 @@ ROWS: tuple[tuple[str, str], ...] = (
         "ap_full_prefetch",
         'full, `overlap_scheduling="prefetch"` (ap\'s FSDP schedule, copy-free buckets)',
     ),
-    # on request only (benchmarks.peak's comparisons): the bucketing of before issue 42, and
-    # the copy-free bucket form without ap's schedule
+    # on request only (benchmarks.peak's comparisons): the bucketing of before issue 42, the
+    # default's bucket form before it went copy-free, and the copy-free form named explicitly
     ("ap_modelwide", "model-wide buckets (`block_buckets=False`, no prefetch window)"),
-    ("ap_coalesced", 'the default with `BucketingConfig(bucket_mode="coalesced")`'),
+    ("ap_custom_ops", '`bucketing=BucketingConfig()` (`"custom_ops"`: flat buckets, copies)'),
+    ("ap_coalesced", '`bucketing=BucketingConfig(bucket_mode="coalesced")` (the default\'s form)'),
     ("ap_full_coalesced", 'AC + `BucketingConfig(bucket_mode="coalesced")`, no overlap scheduler'),
 )
 #: The issue's six rows (``ap_budget`` after ``ap_default``, whose saved bytes it halves).
@@ -378,6 +379,9 @@ def _make(
     elif key == "ap_default":
         pm = precompile(model, batch)
         backend = autoparallel_backend()
+    elif key == "ap_custom_ops":
+        pm = precompile(model, batch)
+        backend = autoparallel_backend(bucketing=ap_bucketing.BucketingConfig())
     elif key == "ap_modelwide":
         pm = precompile(model, batch)
         modelwide = ap_bucketing.BucketingConfig(block_buckets=False, prefetch_depth=None)

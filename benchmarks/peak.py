@@ -15,13 +15,15 @@ Rows (the model kit on a fake process group of world 8, bf16 gathers; each row c
 own process so no compile cache or allocator state is shared):
 
 * ``plain``: ``torch.compile(model)``;
-* ``ap_default``: ``precompile`` + ``autoparallel_backend()``;
+* ``ap_default``: ``precompile`` + ``autoparallel_backend()`` (copy-free buckets);
 * ``ap_unbucketed``: the same with ``bucketing=False``;
 * ``ap_full``: ``precompile(joint_pass=ac_joint_pass())`` + AC, bucketing, overlap;
 * ``ap_modelwide`` (on request): the default with the bucketing of before issue 42
   (``BucketingConfig(block_buckets=False, prefetch_depth=None)``: buckets bounded by bytes and
-  topological span only); ``ap_coalesced`` / ``ap_full_coalesced`` (on request): the copy-free
-  bucket form without ap's schedule (rows of ``benchmarks.gpu``, like every row here);
+  topological span only); ``ap_custom_ops`` (on request): the default with
+  ``BucketingConfig()``'s flat ``"custom_ops"`` buckets, its form before it went copy-free;
+  ``ap_coalesced`` / ``ap_full_coalesced`` (on request): the copy-free bucket form named
+  explicitly, without ap's schedule (rows of ``benchmarks.gpu``, like every row here);
 
 plus, for torchtitan's Llama3 through the zoo's builder, ``plain``, ``ap_default`` and
 ``ap_unbucketed``.

@@ -6,8 +6,9 @@ where CUDA is not available. ``scripts/gpu-check`` runs them with ``--device cud
 
 * world-1 numerics vs eager: ``precompile`` + ``autoparallel_backend`` in the default, AC and
   full configurations, on the demo's model kit, no fallback;
-* one training step on the fake process group at world 8 with SaveAll and bucketing (structure:
-  buckets formed, no all-gathered weight saved, no fallback; fake-PG data is garbage);
+* one training step on the fake process group at world 8 with SaveAll and bucketing, in the
+  default's copy-free bucket form and in ``"custom_ops"`` (structure: buckets formed, no
+  all-gathered weight saved, no fallback; fake-PG data is garbage);
 * the demo's eager-checked training loop (``ap_backend.demo.run_rank``) under a real one-rank
   process group (gloo on CPU, NCCL on CUDA), plus a compiled all-gather + ``wait_tensor`` on that
   group (the demo's model issues no collective at world size 1).
@@ -26,7 +27,9 @@ import torch.distributed as dist
 from ap_backend import autoparallel_backend, precompile
 from ap_backend.demo import TrainSpec, Variant, run_rank
 from ap_backend.models import ModelConfig, Sharding, Transformer, single_rank_sharding
+from ap_bucketing import BucketingConfig
 from ap_testing.devices import DEVICES
+from torch._inductor.utils import run_and_get_code
 
 #: small shapes: seconds per compile on CPU
 CFG = ModelConfig(dim=32, n_layers=1, n_heads=2, ffn_dim=64, vocab=64, seq_len=8, batch=2)
@@ -71,13 +74,27 @@ def test_world1_numerics_match_eager(device: str, config: str) -> None:
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+#: ``bucketing=`` of the fake-PG step: ap's own choice (the copy-free form, one coalesced
+#: collective per bucket) and ``BucketingConfig()``'s flat ``"custom_ops"`` buckets
+BUCKET_FORMS: dict[str, Any] = {"default": True, "custom_ops": BucketingConfig()}
+
+
+@pytest.mark.parametrize("form", list(BUCKET_FORMS))
 @pytest.mark.parametrize("device", DEVICES)
-def test_fake_pg_world8_step_with_save_all_and_bucketing(fake_pg: str, device: str) -> None:
+def test_fake_pg_world8_step_with_save_all_and_bucketing(
+    fake_pg: str, device: str, form: str
+) -> None:
     model = Transformer(CFG.with_(n_layers=2), Sharding.from_world()).to(device)
     batch = tuple(t.to(device) for t in model.example_batch(0, 0))
     pm = precompile(model, batch)
-    backend = autoparallel_backend(bucketing=True)
-    torch.compile(pm, backend=backend)(*batch).backward()
+    backend = autoparallel_backend(bucketing=BUCKET_FORMS[form])
+    compiled = torch.compile(pm, backend=backend)
+    _, code = run_and_get_code(lambda: compiled(*batch).backward())
+    coalesced = [
+        op in "\n".join(code)
+        for op in ("all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
+    ]
+    assert coalesced == ([True, True] if form == "default" else [False, False]), coalesced
     assert all(p.grad is not None for p in model.parameters())
     assert [r.fell_back for r in backend.partition_reports] == [False]
     assert all(s.all_gather_outputs == () for s in backend.saved), backend.saved

@@ -54,8 +54,32 @@ def test_valid_options_are_normalised() -> None:
 def test_bucketing_is_on_by_default() -> None:
     """The default configuration buckets: unbucketed, every weight's backward re-gather is a
     kernel of its own, and the default would generate more kernels than plain compile."""
-    assert autoparallel_backend().options.bucketing == BucketingConfig()
-    assert autoparallel_backend(bucketing="auto").options.bucketing == BucketingConfig()
+    assert autoparallel_backend().options.bucketing is not None
+    assert autoparallel_backend(bucketing="auto").options.bucketing is not None
+
+
+def test_ap_bucketing_is_copy_free_unless_torch_schedules_or_the_caller_configures() -> None:
+    """ap's own bucketing choice (``"auto"``, ``True``) without torch's overlap scheduler is the
+    copy-free form: no flat buffer copied out to the members or gradients copied in. Under
+    torch's scheduler (one wait per collective: a flat bucket) and with ``ep_chunk`` it stays
+    ``BucketingConfig()``; a config of the caller's own is kept as given."""
+    copy_free = BucketingConfig(bucket_mode="coalesced")
+    assert autoparallel_backend().options.bucketing == copy_free
+    assert autoparallel_backend(bucketing=True).options.bucketing == copy_free
+    assert autoparallel_backend(enable_ac=True, bucketing=True).options.bucketing == copy_free
+    scheduled = autoparallel_backend(bucketing=True, overlap_scheduling=True)
+    assert scheduled.options.bucketing == BucketingConfig()
+    own = BucketingConfig(max_topo_span=100)
+    assert autoparallel_backend(bucketing=own).options.bucketing is own
+
+    import ap_epchunk
+
+    chunk = ap_epchunk.ChunkConfig(("layers.*.moe",), num_chunks=2)
+    assert autoparallel_backend(ep_chunk=chunk, bucketing=True).options.bucketing == (
+        BucketingConfig()
+    )
+    post_pass = autoparallel_backend()._persistent_patches["post_grad_custom_post_pass"]
+    assert (post_pass.reorder, post_pass.config.bucket_mode) == (False, "coalesced")
 
 
 def test_default_bucketing_stays_off_for_ep_chunk_without_overlap_scheduling() -> None:

@@ -338,7 +338,11 @@ def autoparallel_backend(
       BucketingConfig()``, except with ``ep_chunk`` and without ``overlap_scheduling``, where
       bucketing without the overlap scheduler broke the chunk schedule's order on torchtitan's
       Qwen3-MoE with real EP); ``True`` or a ``BucketingConfig`` of your own turns it on,
-      ``False``/``None`` off. Why on by default: resharding after forward re-gathers every weight in the
+      ``False``/``None`` off. Without torch's overlap scheduler and without ``ep_chunk``,
+      ``"auto"`` and ``True`` take the copy-free form (``BucketingConfig(bucket_mode=
+      "coalesced")``: one coalesced collective per bucket, no copy out of or into a flat
+      buffer); with ``overlap_scheduling=True`` they keep ``BucketingConfig()``'s
+      ``"custom_ops"`` (torch's scheduler takes a flat bucket only). Why on by default: resharding after forward re-gathers every weight in the
       backward, and each re-gather costs its own cast-and-copy kernel (one per weight,
       unbucketed); a bucket pays one for all its weights, which is what keeps the default's
       kernel count at or under plain ``torch.compile``'s. Bucketing is exact (the same
