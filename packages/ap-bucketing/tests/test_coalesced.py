@@ -98,3 +98,28 @@ def test_the_pack_op_is_registered_by_making_the_pass_before_any_compile() -> No
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_pack_casts_and_concatenates_the_shards_in_one_multi_tensor_copy() -> None:
+    """``pack_shards`` is the bucket's whole input side: each shard cast to the gather dtype
+    and laid end to end, as a ``copy_`` per shard would (non-contiguous and mixed-dtype shards
+    included), in one ``_foreach_copy_`` call -- on CUDA one multi-tensor kernel instead of a
+    kernel per member."""
+    from ap_bucketing._coalesced import pack_shards_op
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    shards = [
+        torch.randn(4, 3),
+        torch.randn(3, 5).t(),  # non-contiguous
+        torch.randn(7, dtype=torch.float64),
+        torch.randn(0),
+    ]
+    pack = pack_shards_op()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = pack(shards, torch.bfloat16)
+    expected = torch.cat([s.reshape(-1).to(torch.bfloat16) for s in shards])
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    names = [e.name for e in prof.events()]
+    assert names.count("aten::_foreach_copy_") == 1, names

@@ -75,8 +75,8 @@ def pack_shards_op() -> Any:
     def pack_shards(shards: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         sizes = [s.numel() for s in shards]
         out = torch.empty(sum(sizes), dtype=dtype, device=shards[0].device)
-        for view, shard in zip(torch.split(out, sizes), shards, strict=True):
-            view.copy_(shard.reshape(-1))  # casts to ``dtype``
+        # one multi-tensor copy (casting to ``dtype``), not a kernel per shard
+        _compat.foreach_copy()(list(torch.split(out, sizes)), [s.reshape(-1) for s in shards])
         return out
 
     @pack_shards.register_fake

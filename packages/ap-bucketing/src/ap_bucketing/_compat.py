@@ -11,6 +11,7 @@ convention's; a cross-package test holds the two to the same message. So is the 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import re
@@ -336,6 +337,14 @@ def bucket_packing_needs_contiguous_inputs() -> bool:
             except RuntimeError:
                 _VIEW_PACKING = True
     return _VIEW_PACKING
+
+
+@functools.cache
+def foreach_copy() -> Any:
+    """``torch._foreach_copy_(dsts, srcs)``: each ``srcs[i]`` copied (and cast) into
+    ``dsts[i]`` in one call -- on CUDA one multi-tensor kernel where a ``copy_`` per tensor
+    launches one kernel each (the coalesced form's pack of a bucket's shards)."""
+    return attr("torch", "_foreach_copy_")
 
 
 def c10d_ops(*names: str) -> tuple[Any, ...]:
