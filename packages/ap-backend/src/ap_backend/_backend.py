@@ -342,7 +342,8 @@ def autoparallel_backend(
       ``"auto"`` and ``True`` take the copy-free form (``BucketingConfig(bucket_mode=
       "coalesced")``: one coalesced collective per bucket, no copy out of or into a flat
       buffer); with ``overlap_scheduling=True`` they keep ``BucketingConfig()``'s
-      ``"custom_ops"`` (torch's scheduler takes a flat bucket only). Why on by default: resharding after forward re-gathers every weight in the
+      ``"custom_ops"`` (torch's scheduler takes a flat bucket only). Why on by default:
+      resharding after forward re-gathers every weight in the
       backward, and each re-gather costs its own cast-and-copy kernel (one per weight,
       unbucketed); a bucket pays one for all its weights, which is what keeps the default's
       kernel count at or under plain ``torch.compile``'s. Bucketing is exact (the same

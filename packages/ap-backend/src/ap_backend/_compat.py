@@ -523,15 +523,21 @@ def _constant_function_spec(value: object) -> Callable[..., Any] | None:
     return fn if callable(fn) else None
 
 
+def _leaf_callable_class() -> Any:
+    """Dynamo's ``_LeafCallable`` (torch 2.15), or None on a torch without it (2.11)."""
+    if not SUPPORT.has(_LEAF_CALLABLE, "_LeafCallable"):
+        return None
+    return SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
+
+
 def leaf_callable_function(value: object) -> Callable[..., Any] | None:
     """The function the callable a nonstrict call passes to ``flat_apply`` calls -- a Dynamo
     ``_LeafCallable`` (torch 2.15) or a ``_ConstantFunction`` spec (2.11) -- or None when
     ``value`` is neither."""
-    if SUPPORT.has(_LEAF_CALLABLE, "_LeafCallable"):
-        leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
-        if type(value) is leaf:
-            fn = getattr(value, "_fn", None)
-            return fn if callable(fn) else None
+    leaf = _leaf_callable_class()
+    if leaf is not None and type(value) is leaf:
+        fn = getattr(value, "_fn", None)
+        return fn if callable(fn) else None
     if SUPPORT.has(_FLAT_APPLY, "_ConstantFunction"):
         return _constant_function_spec(value)
     return None
@@ -540,10 +546,9 @@ def leaf_callable_function(value: object) -> Callable[..., Any] | None:
 def leaf_callable_like(original: object, fn: Callable[..., Any]) -> Any:
     """A callable of the same form as ``original`` (a ``_LeafCallable``, or a
     ``_ConstantFunction`` spec) that calls ``fn``: what ``flat_apply`` accepts in its place."""
-    if SUPPORT.has(_LEAF_CALLABLE, "_LeafCallable"):
-        leaf: Any = SUPPORT.attr(_LEAF_CALLABLE, "_LeafCallable")
-        if isinstance(original, leaf):
-            return leaf(fn)
+    leaf = _leaf_callable_class()
+    if leaf is not None and isinstance(original, leaf):
+        return leaf(fn)
     to_graphable: Any = SUPPORT.attr(_FLAT_APPLY, "func_to_graphable")
     return to_graphable(fn)[1]
 

@@ -89,7 +89,8 @@ def copy_free_by_default(
 ) -> bool:
     """Whether ap's bucketing (``bucketing="auto"`` or ``True``, no ``BucketingConfig`` of the
     caller's) takes the copy-free form, ``bucket_mode="coalesced"``, in place of
-    ``BucketingConfig()``'s ``"custom_ops"``.
+    ``BucketingConfig()``'s ``"custom_ops"``: wherever torch's overlap scheduler does not run
+    (no overlap scheduling, or ap's ``"prefetch"`` schedule, which moves whole buckets).
 
     Why: a ``"custom_ops"`` bucket moves through one flat buffer -- its gathered bytes are copied
     out to the members and its gradients copied in before the reduce-scatter (about 1.8 ms of
@@ -100,11 +101,11 @@ def copy_free_by_default(
     Not taken where it is not known to hold: under torch's overlap scheduler
     (``overlap_scheduling=True``), which takes one wait per collective and so a flat bucket,
     and with ``ep_chunk`` (bucketing after the chunk schedule without a scheduler has been
-    measured in neither form)."""
+    measured in neither form; ``"prefetch"`` refuses it)."""
     return (
         resolved is not None
         and not isinstance(bucketing, BucketingConfig)
-        and overlap is False
+        and overlap is not True
         and ep_chunk is None
     )
 
@@ -133,17 +134,13 @@ def _check_overlap(value: object, where: str) -> OverlapChoice:
     return require_bool(value, where=where, arg="overlap_scheduling")
 
 
-def _prefetch_bucketing(
+def _check_prefetch(
     bucketing: object, resolved: BucketingConfig | None, ep_chunk: object, where: str
-) -> BucketingConfig:
-    """The bucketing of ``overlap_scheduling="prefetch"``: the copy-free form
-    (``bucket_mode="coalesced"``) unless the caller passed a ``BucketingConfig`` of their own.
-
-    Why coalesced there: torch's overlap scheduler takes one wait per collective, so with it a
-    bucket must be a flat buffer copied out to its members (``"custom_ops"``); ap's prefetch
-    schedule moves whole buckets, so each member can be gathered into and reduced from its own
-    tensor. Refused: no bucketing (the schedule orders buckets), and ``ep_chunk`` (the chunk
-    schedule's order has been measured under torch's scheduler only)."""
+) -> None:
+    """What ``overlap_scheduling="prefetch"`` refuses: no bucketing (the schedule orders
+    buckets), and ``ep_chunk`` (the chunk schedule's order has been measured under torch's
+    scheduler only). Its bucketing is the copy-free form unless the caller passed a
+    ``BucketingConfig`` (:func:`copy_free_by_default`)."""
     if ep_chunk is not None:
         raise ValueError(
             f"{where}: overlap_scheduling={PREFETCH!r} with ep_chunk: the chunk schedule has "
@@ -154,9 +151,6 @@ def _prefetch_bucketing(
             f"{where}: overlap_scheduling={PREFETCH!r} orders FSDP buckets and needs bucketing; "
             f"got bucketing={bucketing!r}"
         )
-    if isinstance(bucketing, BucketingConfig):
-        return bucketing
-    return BucketingConfig(bucket_mode=COPY_FREE)
 
 
 def _check_ep_chunk(value: object, where: str) -> ap_epchunk.ChunkConfig | None:
@@ -220,8 +214,8 @@ def validate_options(
         auto_bucketing(chunk, overlap) if bucketing == AUTO_BUCKETING else bucketing, where
     )
     if overlap == PREFETCH:
-        resolved = _prefetch_bucketing(bucketing, resolved, chunk, where)
-    elif copy_free_by_default(bucketing, resolved, overlap, chunk):
+        _check_prefetch(bucketing, resolved, chunk, where)
+    if copy_free_by_default(bucketing, resolved, overlap, chunk):
         resolved = BucketingConfig(bucket_mode=COPY_FREE)
     return BackendOptions(
         enable_ac=require_bool(enable_ac, where=where, arg="enable_ac"),
