@@ -138,6 +138,173 @@ def hash_package_sources(packages: Sequence[ModuleType]) -> bytes:
     return hash_files(files)
 
 
+# --------------------------------------------------------------------------- first compilation records
+
+
+def portable_configs() -> tuple[dict[str, Any], dict[str, Any]]:
+    """``save_config_portable()`` of Inductor's and functorch's config: the settings a cache
+    key may cover (torch's own AOTAutograd cache keys on the same)."""
+    inductor: Any = SUPPORT.attrs(_INDUCTOR_CONFIG, ("save_config_portable",))
+    functorch: Any = SUPPORT.attrs(_FUNCTORCH_CONFIG, ("save_config_portable",))
+    return inductor.save_config_portable(), functorch.save_config_portable()
+
+
+def config_snapshot() -> tuple[dict[str, Any], dict[str, Any]]:
+    """``get_config_copy()`` of Inductor's and functorch's config."""
+    inductor: Any = SUPPORT.attrs(_INDUCTOR_CONFIG, ("get_config_copy",))
+    functorch: Any = SUPPORT.attrs(_FUNCTORCH_CONFIG, ("get_config_copy",))
+    return inductor.get_config_copy(), functorch.get_config_copy()
+
+
+@contextlib.contextmanager
+def configs_as(snapshot: tuple[dict[str, Any], dict[str, Any]]) -> Any:
+    """Inductor's and functorch's config set back to ``snapshot`` (:func:`config_snapshot`)
+    for the block: only the entries that differ are patched, restored on exit."""
+    inductor: Any = SUPPORT.attrs(_INDUCTOR_CONFIG, ("get_config_copy",))
+    functorch: Any = SUPPORT.attrs(_FUNCTORCH_CONFIG, ("get_config_copy",))
+    now_i, now_f = inductor.get_config_copy(), functorch.get_config_copy()
+    then_i, then_f = snapshot
+    with (
+        inductor_config_patch(_changed(now_i, then_i)),
+        functorch_config_patch(_changed(now_f, then_f)),
+    ):
+        yield
+
+
+def _changed(now: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``then`` whose value ``now`` no longer has."""
+    changed = {}
+    for key, value in then.items():
+        try:
+            same = bool(now.get(key) == value)
+        except Exception:  # a value without a plain equality
+            same = now.get(key) is value
+        if not same:
+            changed[key] = value
+    return changed
+
+
+@contextlib.contextmanager
+def pristine_fx_traceback() -> Any:
+    """``torch.fx.traceback``'s node-meta state (module globals, not thread-local) as a
+    process starts with it, for the block, restored on exit.
+
+    Why: a first compilation made while another trace runs (the second compilation's retrace
+    on a cache miss) would otherwise copy that trace's current node meta -- Dynamo's
+    ``source_fn_stack`` of the call -- onto every node it creates, and differ from the same
+    first compilation made by ``precompile``."""
+    tb: Any = SUPPORT.attrs(
+        "torch.fx.traceback",
+        ("current_meta", "should_preserve_node_meta", "_should_preserve_node_meta"),
+    )
+    names: tuple[str, ...] = (
+        "current_meta",
+        "should_preserve_node_meta",
+        "_should_preserve_node_meta",
+    )
+    fresh: dict[str, Any] = {
+        "current_meta": {},
+        "should_preserve_node_meta": False,
+        "_should_preserve_node_meta": False,
+    }
+    if hasattr(tb, "current_replay_node"):
+        names = (*names, "current_replay_node")
+        fresh["current_replay_node"] = None
+    saved = {name: getattr(tb, name) for name in names}
+    for name, value in fresh.items():
+        setattr(tb, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(tb, name, value)
+
+
+def caches_on() -> bool:
+    """Are Inductor's FX-graph cache and AOTAutograd's cache both on (what a warm start
+    needs: the second compilation served from them)?"""
+    inductor: Any = SUPPORT.attrs(_INDUCTOR_CONFIG, ("fx_graph_cache", "force_disable_caches"))
+    functorch: Any = SUPPORT.attrs(_FUNCTORCH_CONFIG, ("enable_autograd_cache",))
+    return bool(
+        inductor.fx_graph_cache
+        and functorch.enable_autograd_cache
+        and not inductor.force_disable_caches
+    )
+
+
+def inductor_cache_dir() -> str:
+    """Inductor's cache directory (``TORCHINDUCTOR_CACHE_DIR`` or its default)."""
+    fn: Callable[[], str] = SUPPORT.attr("torch._inductor.runtime.cache_dir_utils", "cache_dir")
+    return fn()
+
+
+def make_fx() -> Callable[..., Any]:
+    """``torch.fx.experimental.proxy_tensor.make_fx``."""
+    fn: Callable[..., Any] = SUPPORT.attr("torch.fx.experimental.proxy_tensor", "make_fx")
+    return fn
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """torch's pytree ``tree_map``."""
+    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_map",))
+    return pytree.tree_map(fn, tree)
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """torch's pytree ``tree_leaves``."""
+    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_leaves",))
+    leaves: list[Any] = pytree.tree_leaves(tree)
+    return leaves
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """torch's pytree ``tree_flatten``."""
+    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_flatten",))
+    flat: tuple[list[Any], Any] = pytree.tree_flatten(tree)
+    return flat
+
+
+def tree_unflatten(leaves: list[Any], spec: Any) -> Any:
+    """torch's pytree ``tree_unflatten``."""
+    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_unflatten",))
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def fake_propagation_mode(values: Sequence[Any]) -> Any:
+    """The fake mode of ``values`` when they are plain fake tensors seen by no tracer (no
+    proxy or functionalization mode on): how Dynamo runs a ``nonstrict_trace``'d callable to
+    learn its outputs. None otherwise (a real call, or a trace that records the call)."""
+    fake_type: Any = SUPPORT.attr("torch._subclasses.fake_tensor", "FakeTensor")
+    keys: Any = SUPPORT.attr("torch._C", "_TorchDispatchModeKey")
+    get_mode: Any = SUPPORT.attr("torch._C", "_get_dispatch_mode")
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors or not all(type(t) is fake_type for t in tensors):
+        return None
+    if get_mode(keys.PROXY) is not None or get_mode(keys.FUNCTIONAL) is not None:
+        return None
+    first: Any = tensors[0]
+    return first.fake_mode
+
+
+def custom_op_functions(qualname: str) -> list[Callable[..., Any]]:
+    """The Python functions a ``torch.library.custom_op`` named ``qualname`` runs (its
+    implementation and its registered autograd); ``[]`` for an op defined otherwise."""
+    opdefs: Any = SUPPORT.attr("torch._library.custom_ops", "OPDEFS")
+    opdef = opdefs.get(qualname)
+    if opdef is None:
+        return []
+    names = ("_init_fn", "_backward_fn", "_setup_context_fn")
+    return [fn for fn in (getattr(opdef, n, None) for n in names) if callable(fn)]
+
+
+def global_module_backward_hooks() -> bool:
+    """Is a global module backward hook registered (``register_module_full_backward_hook``)?"""
+    hooks: Any = SUPPORT.attrs(
+        "torch.nn.modules.module", ("_global_backward_hooks", "_global_backward_pre_hooks")
+    )
+    return bool(hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
+
+
 # --------------------------------------------------------------------------- first compilation
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "FirstPartitioner",
     "default_first_partition",
     "first_compilation",
+    "slots",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,11 @@ class FirstCompilation:
     """One first compilation: the call signature it is specialised to, which partitioner ran
     (``partitioner``: ``"min_cut"`` or ``"default"``), what its partition saved for backward
     (``first_partition``), the FSDP chains ap-tags tagged (``fsdp_report``) and how long it
-    took."""
+    took.
+
+    ``reused``: taken from the record a cold run of the same program left
+    (:mod:`ap_backend._first_record`); ``fn`` then makes the first compilation on its first call
+    only -- which a second compilation served from AOTAutograd's cache never makes."""
 
     signature: CallSignature
     first_partition: SavedSummary
@@ -86,6 +91,9 @@ class FirstCompilation:
     param_slots: tuple[Slot, ...] = field(repr=False, compare=False)
     buffer_slots: tuple[Slot, ...] = field(repr=False, compare=False)
     partitioner: FirstPartitioner = "min_cut"
+    param_fqns: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    buffer_fqns: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    reused: bool = False
 
 
 def _store(owner: nn.Module, kind: str) -> dict[str, Any]:
@@ -94,7 +102,7 @@ def _store(owner: nn.Module, kind: str) -> dict[str, Any]:
     return store
 
 
-def _slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...]:
+def slots(module: nn.Module, fqns: Sequence[str], kind: str) -> tuple[Slot, ...]:
     """``(owning submodule, local name)`` for each exported parameter/buffer FQN.
 
     The value is read from the owner's ``_parameters``/``_buffers`` at every call, never with
@@ -213,6 +221,8 @@ class FirstOptions:
     joint_pass: JointPass | None
     max_signatures: int
     first_partition: FirstPartitioner = "min_cut"
+    #: Reuse the record of a cold run of the same program (``ap_backend._reuse``).
+    first_compilation_cache: bool = True
 
 
 def first_compilation(
@@ -272,8 +282,8 @@ def first_compilation(
             "output require grad?)"
         )
     summary = summaries[0]
-    param_slots = _slots(module, jd.params_spec, "parameter")
-    buffer_slots = _slots(module, jd.buffers_spec, "buffer")
+    param_slots = slots(module, jd.params_spec, "parameter")
+    buffer_slots = slots(module, jd.buffers_spec, "buffer")
     if digests[0] is not None:
         # AOTAutograd's cache keys the second compilation's call of this one by its content
         key = first_compilation_key(
@@ -297,4 +307,6 @@ def first_compilation(
         fn=compiled_fn,
         param_slots=param_slots,
         buffer_slots=buffer_slots,
+        param_fqns=tuple(jd.params_spec),
+        buffer_fqns=tuple(jd.buffers_spec),
     )

@@ -26,9 +26,9 @@ from ap_backend._first_compilation import (
     FirstOptions,
     FirstPartitioner,
     default_first_partition,
-    first_compilation,
 )
 from ap_backend._partitioners import JointPass
+from ap_backend._reuse import first_compilation_or_record
 from ap_backend._saved import SavedSummary
 from ap_backend._signature import CallSignature, call_signature, refuse_dynamic_dims
 from ap_backend._trace import PrecompileError
@@ -133,7 +133,9 @@ class PrecompiledModule(nn.Module):
                 limit,
                 change,
             )
-            made = first_compilation(self.module, args, kwargs, self._options, where=where)
+            made = first_compilation_or_record(
+                self.module, args, kwargs, self._options, where=where
+            )
             self._compilations[signature] = made
             self._numbered.append(made)
             return made
@@ -159,6 +161,7 @@ def precompile(
     joint_pass: JointPass | None = None,
     max_signatures: int = DEFAULT_MAX_SIGNATURES,
     first_partition: FirstPartitioner | None = None,
+    first_compilation_cache: bool = True,
 ) -> PrecompiledModule:
     """Run the first compilation of ``module(*example_args, **example_kwargs)`` and return a
     module that ``torch.compile(..., backend=autoparallel_backend())`` retraces with the tags
@@ -188,6 +191,18 @@ def precompile(
     than plain ``torch.compile`` and never an all-gathered weight; ``"default"`` is torch's
     ``default_partition`` (AutoParallel's choice), which saves every intermediate the backward
     reads. ``first_partitioner`` and the ``ap_first_partition`` artifact say which ran.
+
+    ``first_compilation_cache`` (on by default; it acts only while Inductor's FX-graph and
+    AOTAutograd caches are on): a restarted job skips its first compilations. Each call is
+    keyed before anything is compiled -- a fake-tensor trace of its forward, the Python its
+    backward runs (custom ``autograd.Function`` and custom op code, the files of the module's
+    classes, backward hooks), the module's layout, the signature, these options, the config
+    and versions -- and a cold run records what its first compilation was under that key. A
+    warm run that finds the record hands back a stand-in (``compilations[i].reused``) that
+    makes the first compilation only if something calls it: the second compilation's retrace
+    on a cache miss, or an eager call. ``False`` for code whose backward runs Python the key
+    does not name (a helper module imported only by a custom backward or by a hook on an
+    intermediate tensor).
     """
     where = "precompile"
     require_instance(module, nn.Module, where=where, arg="module", expected="an nn.Module")
@@ -201,6 +216,7 @@ def precompile(
     require_bool(reshard_after_forward, where=where, arg="reshard_after_forward")
     require_callable(joint_pass, where=where, arg="joint_pass", optional=True)
     require_int(max_signatures, where=where, arg="max_signatures", minimum=1)
+    require_bool(first_compilation_cache, where=where, arg="first_compilation_cache")
     if first_partition is None:
         first_partition = default_first_partition(example_args, example_kwargs)
     if first_partition not in FIRST_PARTITIONERS:
@@ -209,8 +225,10 @@ def precompile(
     args = tuple(example_args)
     kwargs = dict(example_kwargs or {})
     refuse_dynamic_dims(module, args, kwargs, where=where, limit=max_signatures)
-    options = FirstOptions(reshard_after_forward, joint_pass, max_signatures, first_partition)
-    first = first_compilation(module, args, kwargs, options, where=where)
+    options = FirstOptions(
+        reshard_after_forward, joint_pass, max_signatures, first_partition, first_compilation_cache
+    )
+    first = first_compilation_or_record(module, args, kwargs, options, where=where)
     log.info(
         "precompile: first partition (%s) saved %d activations (%d bytes), %d all-gather outputs",
         first.partitioner,

@@ -265,6 +265,12 @@ class AcJointPass:
         self.reports.append(mark_ac_stages(fx_g, stage_size_gib=self.stage_size_gib))
         return fx_g
 
+    def uuid(self) -> str:
+        """What this pass does, for a cache key (Inductor's ``CustomGraphPass`` protocol):
+        ``mark_ac_stages`` at this stage size -- its code is ap-tags' own, which a key
+        covering ap-tags' sources names."""
+        return f"ap_tags.ac_joint_pass(stage_size_gib={self.stage_size_gib!r})"
+
 
 def ac_joint_pass(
     stage_size_gib: StageSize = "auto",

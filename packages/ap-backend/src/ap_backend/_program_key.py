@@ -1,0 +1,303 @@
+"""A first compilation's key *before* it is made: what lets a restarted job skip it.
+
+Why: on a warm cache AOTAutograd serves the second compilation by the first compilation's
+content key (:mod:`ap_backend._aot_cache`), so the first compilation's callable never runs --
+yet ``precompile`` made it anyway (the joint export, Inductor's joint passes, min-cut: about
+6 s of a 8 s warm start at 8 layers of the model kit, against 3.6 s for all of plain
+``torch.compile``'s). A record (:mod:`ap_backend._first_record`) maps the key computed here to
+the content key the cold run produced; a warm ``precompile`` that finds it defers the first
+compilation until something calls it (a cache miss of the second compilation, or an eager call).
+
+What the key covers, and why that determines the first compilation:
+
+* **the forward, exactly**: an aten-level trace of the module's forward (``make_fx`` on fake
+  tensors, in the very mode the export traces in: ``torch.compiler.is_compiling()`` True) --
+  every op, argument, shape, stride and dtype. The export runs the same Python the same way, so
+  whatever steers it (module attributes, helper functions in any file, global flags read in
+  Python) shows in this trace or does not matter to the forward;
+* **the backward's Python**, which the forward trace does not run: the code of every custom
+  ``autograd.Function`` class in the trace's autograd graph (its file's bytes), the Python
+  implementations of custom ops in the trace (``torch.library.custom_op``: their files), the
+  files defining every submodule's class (where hooks and custom functions usually live) and the
+  backward hooks registered on the modules and parameters (their code). aten's own backward
+  formulas come with torch's version;
+* the module's layout (every submodule's class, every parameter's and buffer's name, metadata
+  and subclass context -- a DTensor's placements), the call signature, ``precompile``'s options,
+  Inductor's and functorch's portable config (the first partition runs Inductor's joint passes
+  and min-cut), torch's version and the ap packages' sources (:func:`first_compilation_key`).
+
+What it does not cover (documented in ``docs/``): Python run only in the backward, in a file
+none of the above names (a helper module of a custom backward or of a hook registered on an
+intermediate tensor). Pass ``precompile(..., first_compilation_cache=False)`` for code like
+that. A record whose deferred first compilation is made after all is checked: a content key
+other than the recorded one is an error, never a silent mix.
+
+Anything the key cannot describe deterministically raises :class:`Unkeyable`; ``precompile``
+then compiles as it always did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from ap_backend import _compat
+from ap_backend._aot_cache import Unkeyable, first_compilation_key, graphs_digest
+from ap_backend._signature import CallSignature, subclass_key
+from ap_backend._trace import tracing_like_compile
+
+__all__ = ["OutputSpec", "describe_outputs", "program_key"]
+
+log = logging.getLogger(__name__)
+
+_KEY_VERSION = "ap-program-v1"
+#: Operator namespaces whose Python (if any) comes with torch's version.
+_TORCH_NAMESPACES = frozenset(
+    {"aten", "prims", "_c10d_functional", "c10d_functional", "_dtensor", "c10d", "higher_order"}
+)
+
+
+def _torch_dir() -> str:
+    return os.path.dirname(os.path.abspath(str(torch.__file__))) + os.sep
+
+
+def _file_of(obj: object) -> str | None:
+    """The source file defining ``obj`` outside torch (torch's come with its version)."""
+    try:
+        path = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+    except (TypeError, OSError):
+        return None
+    if path is None or os.path.abspath(path).startswith(_torch_dir()):
+        return None
+    return os.path.abspath(path)
+
+
+def _code_key(fn: Callable[..., Any]) -> str:
+    """A callable's code, by value (bytecode, constants, names, nested code) and file."""
+    target = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(target, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        raise Unkeyable(f"backward hook {fn!r} has no Python code to key")
+
+    def walk(c: types.CodeType) -> Iterator[str]:
+        yield c.co_qualname if hasattr(c, "co_qualname") else c.co_name
+        yield c.co_code.hex()
+        yield repr(c.co_names)
+        for const in c.co_consts:
+            yield from walk(const) if isinstance(const, types.CodeType) else (repr(const),)
+
+    return f"{_file_of(target)}:" + hashlib.sha256("\n".join(walk(code)).encode()).hexdigest()
+
+
+def _fake_inputs(values: Any, fake_mode: Any) -> Any:
+    def fake(v: object) -> object:
+        return fake_mode.from_tensor(v, static_shapes=True) if isinstance(v, torch.Tensor) else v
+
+    return _compat.tree_map(fake, values)
+
+
+def forward_trace(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[torch.fx.GraphModule, Any]:
+    """The module's forward as ``make_fx`` traces it on fake tensors, parameters and buffers
+    lifted to inputs (as the export lifts them); with the outputs, whose autograd graph names
+    the backward's Python."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    outputs: list[Any] = []
+
+    def run(p: dict[str, Any], b: dict[str, Any], a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        out = torch.func.functional_call(module, (p, b), a, k)
+        outputs.append(out)
+        return out
+
+    fake_mode = _compat.fake_mode_with_shape_env()
+    inputs = _fake_inputs((params, buffers, args, kwargs), fake_mode)
+    try:
+        with tracing_like_compile():
+            gm = _compat.make_fx()(run, tracing_mode="real")(*inputs)
+    except Exception as exc:
+        raise Unkeyable(f"the forward does not trace on fake tensors: {exc}") from exc
+    return gm, outputs[-1] if outputs else None
+
+
+def _autograd_nodes(outputs: Any) -> Iterator[Any]:
+    """Every node of the autograd graph behind ``outputs``."""
+    stack = [t.grad_fn for t in _compat.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(fn for fn, _ in node.next_functions)
+
+
+def backward_code(module: nn.Module, gm: torch.fx.GraphModule, outputs: Any) -> list[str]:
+    """What of the backward's Python the key names (see the module docstring), sorted."""
+    files: set[str] = set()
+    codes: set[str] = set()
+    for node in _autograd_nodes(outputs):
+        cls = getattr(node, "_forward_cls", None)  # a custom autograd.Function's backward node
+        if cls is not None:
+            codes.add(f"function {cls.__module__}.{cls.__qualname__}")
+            codes.add(_code_key(cls.backward))
+            path = _file_of(cls)
+            if path:
+                files.add(path)
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        namespace = target.namespace
+        if namespace in _TORCH_NAMESPACES:
+            continue
+        for fn in _compat.custom_op_functions(f"{namespace}::{target._opname}"):
+            path = _file_of(fn)
+            if path:
+                files.add(path)
+            codes.add(_code_key(fn))
+    for name, sub in module.named_modules(remove_duplicate=False):
+        for klass in type(sub).__mro__:
+            path = _file_of(klass)
+            if path:
+                files.add(path)
+        hooks = (*sub._backward_hooks.values(), *sub._backward_pre_hooks.values())
+        codes.update(f"{name}: {_code_key(h)}" for h in hooks)
+    for name, param in module.named_parameters(remove_duplicate=False):
+        for hook in (getattr(param, "_backward_hooks", None) or {}).values():
+            codes.add(f"{name}: {_code_key(hook)}")
+    if _compat.global_module_backward_hooks():
+        raise Unkeyable("a global module backward hook is registered")
+    digest = _compat.hash_files(tuple(sorted(files))).hex() if files else ""
+    return sorted(codes) + [f"files {sorted(files)} {digest}"]
+
+
+def _layout(module: nn.Module) -> list[str]:
+    """Every submodule's class, every parameter's and buffer's name, metadata and subclass
+    context, in registration order (the export's input order)."""
+    lines = [
+        f"module {name} {type(sub).__module__}.{type(sub).__qualname__} {sub.training}"
+        for name, sub in module.named_modules(remove_duplicate=False)
+    ]
+    for kind, named in (
+        ("parameter", module.named_parameters(remove_duplicate=False)),
+        ("buffer", module.named_buffers(remove_duplicate=False)),
+    ):
+        for name, value in named:
+            lines.append(
+                f"{kind} {name} {tuple(value.shape)} {value.stride()} {value.dtype} "
+                f"{value.device.type} {value.requires_grad} {subclass_key(value)!r}"
+            )
+    return lines
+
+
+def _config_state() -> str:
+    """Inductor's and functorch's portable config (what the first partition's joint passes and
+    min-cut read); an address in it (a callable set as an option) cannot be keyed."""
+    state = repr(_compat.portable_configs())
+    if " at 0x" in state:
+        raise Unkeyable("Inductor's or functorch's config holds a callable")
+    return state
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What a call of the first compilation returns, as metadata: the pytree spec, and per
+    leaf either a tensor's ``(shape, stride, dtype, device, requires_grad)`` or a constant.
+
+    Why: Dynamo runs a ``nonstrict_trace``'d callable on fake tensors to learn its outputs
+    while it traces the second compilation -- also when AOTAutograd's cache then serves that
+    compilation. A deferred first compilation answers that call from this description instead
+    of being made for it."""
+
+    spec: Any
+    leaves: tuple[Any, ...]
+
+    def fakes(self, fake_mode: Any) -> Any:
+        """Fresh outputs of this description in ``fake_mode``; a tensor that requires grad is
+        the non-leaf result of an op, as the first compilation's are."""
+        out: list[Any] = []
+        with fake_mode:
+            for leaf in self.leaves:
+                if not isinstance(leaf, _TensorLeaf):
+                    out.append(leaf)
+                    continue
+                shape, stride, dtype, device, requires_grad = leaf
+                t = torch.empty_strided(
+                    shape, stride, dtype=dtype, device=device, requires_grad=requires_grad
+                )
+                out.append(t.clone() if requires_grad else t)
+        return _compat.tree_unflatten(out, self.spec)
+
+
+class _TensorLeaf(tuple):  # type: ignore[type-arg]
+    """``(shape, stride, dtype, device, requires_grad)`` of one output tensor."""
+
+
+def describe_outputs(outputs: Any) -> OutputSpec:
+    """:class:`OutputSpec` of a forward trace's outputs; :class:`Unkeyable` for a leaf it
+    cannot rebuild (a tensor subclass, a view with an offset, an arbitrary object)."""
+    leaves, spec = _compat.tree_flatten(outputs)
+    described: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if subclass_key(leaf) or leaf.layout != torch.strided or leaf.storage_offset():
+                raise Unkeyable(f"an output {type(leaf).__qualname__} cannot be described")
+            described.append(
+                _TensorLeaf(
+                    (
+                        tuple(int(d) for d in leaf.shape),
+                        tuple(int(d) for d in leaf.stride()),
+                        leaf.dtype,
+                        leaf.device,
+                        bool(leaf.requires_grad),
+                    )
+                )
+            )
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            described.append(leaf)
+        else:
+            raise Unkeyable(f"an output of type {type(leaf).__qualname__} cannot be described")
+    return OutputSpec(spec, tuple(described))
+
+
+def program_key(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    signature: CallSignature,
+    options: Mapping[str, object],
+) -> tuple[str, OutputSpec]:
+    """The key of the first compilation ``module(*args, **kwargs)`` would get with
+    ``options`` (see the module docstring), and what that compilation returns;
+    :class:`Unkeyable` when it has no key."""
+    for name, value in options.items():
+        if " at 0x" in repr(value):
+            raise Unkeyable(f"precompile's {name}={value!r} has no stable description")
+    gm, outputs = forward_trace(module, args, kwargs)
+    returned = describe_outputs(outputs)
+    digest = hashlib.sha256()
+    digest.update(graphs_digest((gm,)).encode())
+    for line in (*backward_code(module, gm, outputs), *_layout(module), _config_state()):
+        digest.update(line.encode() + b"\n")
+    key = first_compilation_key(
+        digest.hexdigest(),
+        _KEY_VERSION,
+        signature.modes,
+        str(signature.spec),
+        signature.leaves,
+        sorted(options.items()),
+    )
+    return key, returned
