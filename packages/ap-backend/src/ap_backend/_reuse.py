@@ -41,7 +41,7 @@ from ap_backend._program_key import OutputSpec, program_key
 from ap_backend._signature import call_signature
 from ap_backend._trace import PrecompileError
 
-__all__ = ["DeferredFirstCompilation", "first_compilation_or_record"]
+__all__ = ["DeferredFirstCompilation", "deferred_of", "first_compilation_or_record"]
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,18 @@ def _deferred_callable(
     call_first_compilation.__qualname__ = record.fn_name
     fn: Callable[..., Any] = torch._dynamo.nonstrict_trace(call_first_compilation)
     stamp_first_compilation(fn, record.content_key)
+    setattr(fn, _DEFERRED_ATTRIBUTE, deferred)
     return fn
+
+
+#: The attribute a deferred first compilation's callable carries its stand-in in.
+_DEFERRED_ATTRIBUTE = "__ap_deferred_first_compilation__"
+
+
+def deferred_of(fn: Callable[..., Any]) -> DeferredFirstCompilation | None:
+    """The stand-in behind a first compilation's callable; None when it was made outright."""
+    deferred = getattr(fn, _DEFERRED_ATTRIBUTE, None)
+    return deferred if isinstance(deferred, DeferredFirstCompilation) else None
 
 
 def _record_of(made: FirstCompilation) -> FirstRecord | None:

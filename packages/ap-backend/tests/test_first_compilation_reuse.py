@@ -1,0 +1,299 @@
+"""A restarted job skips ``precompile``'s first compilation (``ap_backend._reuse``).
+
+The rules held here:
+
+* the program key is equal for the same program and differs for a change of the forward (a
+  module attribute steering it, an input shape), of the backward's Python (a custom
+  ``autograd.Function``'s backward), of the module's layout and of the options;
+* a cold run records its first compilation; a second ``precompile`` of the same program hands
+  back a stand-in that makes nothing until called, answers Dynamo's fake-tensor call from the
+  key's trace, and, called for real (eagerly, or by the second compilation's retrace on a cache
+  miss), makes the first compilation and trains exactly like the module itself;
+* a record whose content key the program no longer makes is an error, and is dropped.
+
+In this process the session forces Inductor's caches off (conftest), so ``caches_on`` is
+patched on and the record directory pointed at ``tmp_path``; the restart with the caches really
+on, across the cache's hit and miss, is the ``slow`` test at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ap_backend import _compat, autoparallel_backend, precompile
+from ap_backend._aot_cache import KEY_ATTRIBUTE, Unkeyable
+from ap_backend._first_record import load_record, record_path, save_record
+from ap_backend._program_key import program_key
+from ap_backend._reuse import _key_options, deferred_of
+from ap_backend._signature import call_signature
+from ap_backend._trace import PrecompileError
+from ap_tags import ac_joint_pass
+from torch import nn
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+class _Mlp(nn.Module):
+    def __init__(self, act: str = "relu", scale: bool = False) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(32, 16)
+        self.act = act
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        h = h.relu() if self.act == "relu" else torch.tanh(h)
+        if self.scale:
+            h = _Scale.apply(h)
+        return self.down(h).sum()
+
+
+def _key(model: nn.Module, x: torch.Tensor, **options: Any) -> str:
+    from ap_backend._first_compilation import FirstOptions
+
+    opts = FirstOptions(
+        options.get("reshard_after_forward", True), options.get("joint_pass"), 8, "min_cut"
+    )
+    key, _ = program_key(model, (x,), {}, call_signature(model, (x,), {}), _key_options(opts))
+    return key
+
+
+def test_the_program_key_follows_the_forward_the_backward_layout_and_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    base = _key(_Mlp(), x)
+    assert _key(_Mlp(), x) == base  # other values, same program
+    assert _key(_Mlp("tanh"), x) != base  # an attribute steering the forward
+    assert _key(_Mlp(), torch.randn(8, 16)) != base  # a shape
+    assert _key(_Mlp(), x, reshard_after_forward=False) != base  # an option
+    assert _key(_Mlp(), x, joint_pass=ac_joint_pass()) == _key(
+        _Mlp(), x, joint_pass=ac_joint_pass()
+    )  # a joint pass by what it does (its uuid), not its address
+    assert _key(_Mlp(), x, joint_pass=ac_joint_pass()) != base
+
+    wider = _Mlp()
+    wider.extra = nn.Parameter(torch.zeros(3))  # a parameter the forward never reads
+    assert _key(wider, x) != base  # the export's inputs differ: the layout is in the key
+
+    scaled = _key(_Mlp(scale=True), x)
+
+    def other_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 3
+
+    monkeypatch.setattr(_Scale, "backward", staticmethod(other_backward))
+    # the forward trace is the same; only the Python the backward runs changed
+    assert _key(_Mlp(scale=True), x) != scaled
+
+
+def test_what_the_key_cannot_describe_is_refused() -> None:
+    x = torch.randn(4, 16)
+    with pytest.raises(Unkeyable, match="joint_pass"):
+        _key(_Mlp(), x, joint_pass=lambda gm, inputs: gm)  # a callable known only by address
+
+    class _ReturnsAView(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> Any:
+            return self.lin(x)[1]  # a view at an offset: not rebuilt for Dynamo's fake call
+
+    with pytest.raises(Unkeyable, match="output"):
+        _key(_ReturnsAView(), x)
+
+
+@pytest.fixture
+def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Caches 'on' and the record directory in ``tmp_path`` (see the module docstring)."""
+    monkeypatch.setattr(_compat, "caches_on", lambda: True)
+    monkeypatch.setattr(_compat, "inductor_cache_dir", lambda: str(tmp_path))
+    return tmp_path
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_a_recorded_first_compilation_is_made_only_when_called_and_trains_the_same(
+    records: Path,
+) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    cold = precompile(_Mlp(scale=True), (x,))
+    assert not cold.compilations[0].reused
+    content = getattr(cold.compilations[0].fn, KEY_ATTRIBUTE)
+    assert list((records / "ap_first_compilation").glob("*.pkl"))
+
+    torch.manual_seed(1)
+    model = _Mlp(scale=True)
+    warm = precompile(model, (x,))
+    first = warm.compilations[0]
+    assert first.reused
+    deferred = deferred_of(first.fn)
+    assert deferred is not None and deferred.made is None
+    assert getattr(first.fn, KEY_ATTRIBUTE) == content
+    assert first.first_partition == cold.compilations[0].first_partition
+
+    # Dynamo's fake-tensor call is answered from the key's trace, nothing is made
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    params = [mode.from_tensor(owner._parameters[n]) for owner, n in first.param_slots]
+    out = first.fn(*params, mode.from_tensor(x))
+    assert out.shape == () and out.requires_grad and deferred.made is None
+
+    # an eager call makes it, with the recorded content key, and trains as the module does
+    reference = _Mlp(scale=True)
+    reference.load_state_dict(model.state_dict())
+    reference(x).backward()
+    loss = warm(x)
+    loss.backward()
+    assert deferred.made is not None
+    assert getattr(deferred.made.fn, KEY_ATTRIBUTE) == content
+    assert loss.item() == pytest.approx(reference(x).item(), rel=1e-6)
+    want = _grads(reference)
+    for name, grad in _grads(model).items():
+        torch.testing.assert_close(grad, want[name])
+
+
+def test_the_second_compilations_retrace_makes_a_recorded_first_compilation(
+    records: Path,
+) -> None:
+    """With AOTAutograd's cache off (this session), the retrace is what a cache miss runs:
+    the stand-in makes the first compilation inside it, and the compiled step is exact."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    precompile(_Mlp(), (x,))
+    torch.manual_seed(1)
+    model = _Mlp()
+    reference = _Mlp()
+    reference.load_state_dict(model.state_dict())
+    pm = precompile(model, (x,))
+    assert pm.compilations[0].reused
+    torch._dynamo.reset()
+    loss = torch.compile(pm, backend=autoparallel_backend())(x)
+    loss.backward()
+    deferred = deferred_of(pm.compilations[0].fn)
+    assert deferred is not None and deferred.made is not None
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    want = _grads(reference)
+    for name, grad in _grads(model).items():
+        torch.testing.assert_close(grad, want[name])
+
+
+def test_a_record_the_program_no_longer_makes_is_an_error_and_is_dropped(
+    records: Path,
+) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    precompile(_Mlp(), (x,))
+    (path,) = (records / "ap_first_compilation").glob("*.pkl")
+    key = path.stem
+    record = load_record(key)
+    assert record is not None
+    from dataclasses import replace
+
+    save_record(key, replace(record, content_key="0" * 64))  # a stale record
+    pm = precompile(_Mlp(), (x,))
+    assert pm.compilations[0].reused
+    with pytest.raises(PrecompileError, match="is not the one it makes now"):
+        pm(x)
+    assert not record_path(key).exists()
+    assert not precompile(_Mlp(), (x,)).compilations[0].reused  # made and recorded again
+    assert record_path(key).exists()
+
+
+def test_no_record_without_the_caches_or_when_switched_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_compat, "inductor_cache_dir", lambda: str(tmp_path))
+    x = torch.randn(4, 16)
+    precompile(_Mlp(), (x,))  # this session's caches are off
+    assert not (tmp_path / "ap_first_compilation").exists()
+    monkeypatch.setattr(_compat, "caches_on", lambda: True)
+    precompile(_Mlp(), (x,), first_compilation_cache=False)
+    assert not (tmp_path / "ap_first_compilation").exists()
+    with pytest.raises(TypeError, match="first_compilation_cache"):
+        precompile(_Mlp(), (x,), first_compilation_cache="yes")  # type: ignore[arg-type]
+
+
+_RUN = """
+import json, shutil, sys
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+from ap_backend import autoparallel_backend, precompile
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.down(self.up(x).relu()).sum()
+
+torch._dynamo.reset()
+torch.manual_seed(0)
+model, x = Mlp(), torch.randn(4, 16)
+pm = precompile(model, (x,))
+loss = torch.compile(pm, backend=autoparallel_backend())(x)
+loss.backward()
+print(json.dumps({
+    "reused": pm.compilations[0].reused,
+    "loss": loss.item(),
+    "grad": [p.grad.sum().item() for p in model.parameters()],
+    "aot": dict(counters["aot_autograd"]),
+}))
+"""
+
+
+@pytest.mark.slow  # four fresh processes compiling a two-layer MLP with the caches on
+def test_a_restart_skips_the_first_compilation_on_a_hit_and_makes_it_on_a_miss(
+    tmp_path: Path,
+) -> None:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+
+    def run() -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-c", _RUN], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return out
+
+    cold = run()
+    assert not cold["reused"] and cold["aot"].get("autograd_cache_saved") == 1, cold
+    warm = run()  # the record and AOTAutograd's entry: nothing of the first compilation is made
+    assert warm["reused"] and warm["aot"].get("autograd_cache_hit") == 1, warm
+    for aot_dir in tmp_path.glob("aotautograd"):
+        import shutil
+
+        shutil.rmtree(aot_dir)
+    miss = run()  # the record, no entry: the retrace makes the first compilation
+    assert miss["reused"] and miss["aot"].get("autograd_cache_miss") == 1, miss
+    assert miss["aot"].get("autograd_cache_saved") == 1, miss
+    for got in (warm, miss):
+        assert got["loss"] == pytest.approx(cold["loss"], rel=1e-6)
+        assert got["grad"] == pytest.approx(cold["grad"], rel=1e-5, abs=1e-6)
