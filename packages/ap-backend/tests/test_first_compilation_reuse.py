@@ -61,7 +61,8 @@ class _Mlp(nn.Module):
         h = h.relu() if self.act == "relu" else torch.tanh(h)
         if self.scale:
             h = _Scale.apply(h)
-        return self.down(h).sum()
+        out: torch.Tensor = self.down(h).sum()
+        return out
 
 
 def _key(model: nn.Module, x: torch.Tensor, **options: Any) -> str:
@@ -156,7 +157,7 @@ def test_a_recorded_first_compilation_is_made_only_when_called_and_trains_the_sa
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    params = [mode.from_tensor(owner._parameters[n]) for owner, n in first.param_slots]
+    params = [mode.from_tensor(getattr(owner, n)) for owner, n in first.param_slots]
     out = first.fn(*params, mode.from_tensor(x))
     assert out.shape == () and out.requires_grad and deferred.made is None
 
