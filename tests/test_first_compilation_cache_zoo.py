@@ -70,6 +70,7 @@ def train(mode, state_path):
     torch.save(state, state_path)
     return {
         "keyed": getattr(pm._first.fn, KEY_ATTRIBUTE, None) is not None,
+        "reused": pm.compilations[0].reused,
         "losses": losses + [loss.item()],
         "placements": sorted({repr(p.grad.placements) for p in step.parameters()}),
         "aot": dict(counters["aot_autograd"]),
@@ -105,6 +106,7 @@ def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(
     cache = tmp_path / "inductor"
     (cold,) = run_with_caches(_runs(("fully_shard", tmp_path / "cold.pt")), cache)
     assert cold["keyed"], "the first compilation was not keyed (it bypasses the cache)"
+    assert not cold["reused"]
     assert cold["aot"].get("autograd_cache_saved") == 1, cold["aot"]
     assert cold["placements"] == ["(Shard(dim=0),)"], cold["placements"]
 
@@ -114,6 +116,8 @@ def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(
         cache,
     )
     assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
+    # the restart's precompile took its first compilation from the cold run's record
+    assert warm["reused"], "the restart made its first compilation again"
     assert warm["placements"] == cold["placements"]
     assert warm["losses"] == pytest.approx(cold["losses"], rel=1e-6)
     cold_state = torch.load(tmp_path / "cold.pt")
@@ -124,4 +128,5 @@ def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(
         _assert_close(name, warm_state[name], value)
 
     assert "autograd_cache_hit" not in replicated["aot"], replicated["aot"]
+    assert not replicated["reused"]  # other placements: another program key
     assert replicated["placements"] == ["(Replicate(),)"], replicated["placements"]

@@ -99,11 +99,42 @@ def _code_key(fn: Callable[..., Any]) -> str:
     return f"{_file_of(target)}:" + hashlib.sha256("\n".join(walk(code)).encode()).hexdigest()
 
 
-def _fake_inputs(values: Any, fake_mode: Any) -> Any:
-    def fake(v: object) -> object:
-        return fake_mode.from_tensor(v, static_shapes=True) if isinstance(v, torch.Tensor) else v
+class _Flat:
+    """A tensor subclass taken apart: its class, flatten context, outer size and stride,
+    ``requires_grad``, and its inner tensors (each a tensor or another :class:`_Flat`)."""
 
-    return _compat.tree_map(fake, values)
+    def __init__(self, value: torch.Tensor) -> None:
+        attrs, self.ctx = value.__tensor_flatten__()  # type: ignore[attr-defined]
+        self.cls = type(value.data) if isinstance(value, nn.Parameter) else type(value)
+        self.size, self.stride = value.size(), value.stride()
+        self.requires_grad = value.requires_grad
+        self.inner = {name: _flat(getattr(value, name)) for name in attrs}
+
+    def rebuild(self, inner: dict[str, Any]) -> torch.Tensor:
+        out: torch.Tensor = self.cls.__tensor_unflatten__(  # type: ignore[attr-defined]
+            inner, self.ctx, self.size, self.stride
+        )
+        return out.requires_grad_(self.requires_grad) if self.requires_grad else out
+
+
+def _flat(value: object) -> Any:
+    """A subclass taken apart; a plain tensor detached (a leaf of the trace); anything else
+    (an opaque inner attribute: the device mesh) kept as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return _Flat(value) if subclass_key(value) else value.detach()
+
+
+def _inner_leaves(flat: Any) -> list[torch.Tensor]:
+    if isinstance(flat, _Flat):
+        return [t for inner in flat.inner.values() for t in _inner_leaves(inner)]
+    return [flat] if isinstance(flat, torch.Tensor) else []
+
+
+def _rebuild(flat: Any, leaves: Iterator[torch.Tensor]) -> Any:
+    if isinstance(flat, _Flat):
+        return flat.rebuild({name: _rebuild(inner, leaves) for name, inner in flat.inner.items()})
+    return next(leaves) if isinstance(flat, torch.Tensor) else flat
 
 
 def forward_trace(
@@ -111,18 +142,39 @@ def forward_trace(
 ) -> tuple[torch.fx.GraphModule, Any]:
     """The module's forward as ``make_fx`` traces it on fake tensors, parameters and buffers
     lifted to inputs (as the export lifts them); with the outputs, whose autograd graph names
-    the backward's Python."""
-    params = dict(module.named_parameters(remove_duplicate=False))
-    buffers = dict(module.named_buffers(remove_duplicate=False))
+    the backward's Python.
+
+    A tensor subclass parameter or buffer (SimpleFSDP's DTensors) enters as its inner tensors,
+    rebuilt into the subclass inside the trace -- as AOTAutograd's export desugars them. Lifted
+    whole, the ops the subclass runs on its inner tensors would read them as constants."""
+    named = [
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ]
+    n_params = len(list(module.named_parameters(remove_duplicate=False)))
+    # plain parameters keep requires_grad (a leaf of the trace each); a subclass's inner
+    # tensors enter detached and the rebuilt subclass takes the parameter's requires_grad
+    flats = [value if not subclass_key(value) else _Flat(value) for _, value in named]
+    leaves = [t for flat in flats for t in _inner_leaves(flat)]
     outputs: list[Any] = []
 
-    def run(p: dict[str, Any], b: dict[str, Any], a: tuple[Any, ...], k: dict[str, Any]) -> Any:
-        out = torch.func.functional_call(module, (p, b), a, k)
+    def run(inner: list[torch.Tensor], a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        it = iter(inner)
+        values = {name: _rebuild(flat, it) for (name, _), flat in zip(named, flats, strict=True)}
+        params = dict(list(values.items())[:n_params])
+        buffers = dict(list(values.items())[n_params:])
+        out = torch.func.functional_call(module, (params, buffers), a, k)
         outputs.append(out)
         return out
 
     fake_mode = _compat.fake_mode_with_shape_env()
-    inputs = _fake_inputs((params, buffers, args, kwargs), fake_mode)
+
+    def fake(v: object) -> object:
+        return fake_mode.from_tensor(v, static_shapes=True) if isinstance(v, torch.Tensor) else v
+
+    inputs = _compat.tree_map(
+        fake, ([t.detach().requires_grad_(t.requires_grad) for t in leaves], args, kwargs)
+    )
     try:
         with tracing_like_compile():
             gm = _compat.make_fx()(run, tracing_mode="real")(*inputs)
