@@ -29,6 +29,7 @@ from torch import nn
 
 from ap_backend import _compat
 from ap_backend._aot_cache import KEY_ATTRIBUTE, Unkeyable, stamp_first_compilation
+from ap_backend._artifacts import emit_json
 from ap_backend._first_compilation import (
     FirstCompilation,
     FirstOptions,
@@ -248,6 +249,14 @@ def first_compilation_or_record(
         module, args, kwargs, options, record, key, returns, where=where
     )
     log.info("%s: first compilation taken from its record (made only on a cache miss)", where)
+    emit_json(
+        "ap_first_partition",
+        {
+            "partitioner": options.first_partition,
+            "reused": True,
+            **record.first_partition.to_dict(),
+        },
+    )
     return FirstCompilation(
         signature=signature,
         first_partition=record.first_partition,
