@@ -739,6 +739,20 @@ def marked_cacheable_functions() -> dict[str, str]:
     return dict(config.unsafe_marked_cacheable_functions)
 
 
+def op_overload_type() -> type:
+    """``torch._ops.OpOverload``: one overload of an operator (what a traced node calls)."""
+    cls: type = SUPPORT.attr("torch._ops", "OpOverload")
+    return cls
+
+
+def nonstrict_trace(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch._dynamo.nonstrict_trace(fn)``: Dynamo calls ``fn`` instead of tracing into it."""
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = SUPPORT.attr(
+        "torch._dynamo", "nonstrict_trace"
+    )
+    return wrap(fn)
+
+
 def operator_types() -> tuple[type, ...]:
     """``torch._ops``' ``OpOverload``, ``OpOverloadPacket`` and ``HigherOrderOperator``: graph
     targets named by a global schema."""

@@ -210,12 +210,13 @@ def backward_code(module: nn.Module, gm: torch.fx.GraphModule, outputs: Any) -> 
                 files.add(path)
     for node in gm.graph.nodes:
         target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(target, _compat.op_overload_type()):
             continue
-        namespace = target.namespace
+        namespace = str(getattr(target, "namespace", ""))
         if namespace in _TORCH_NAMESPACES:
             continue
-        for fn in _compat.custom_op_functions(f"{namespace}::{target._opname}"):
+        opname = str(getattr(target, "_opname", ""))
+        for fn in _compat.custom_op_functions(f"{namespace}::{opname}"):
             path = _file_of(fn)
             if path:
                 files.add(path)

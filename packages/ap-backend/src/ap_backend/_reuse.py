@@ -181,7 +181,7 @@ def _deferred_callable(
 
     call_first_compilation.__name__ = record.fn_name
     call_first_compilation.__qualname__ = record.fn_name
-    fn: Callable[..., Any] = torch._dynamo.nonstrict_trace(call_first_compilation)
+    fn = _compat.nonstrict_trace(call_first_compilation)
     stamp_first_compilation(fn, record.content_key)
     setattr(fn, _DEFERRED_ATTRIBUTE, deferred)
     return fn
