@@ -153,13 +153,25 @@ def test_a_recorded_first_compilation_is_made_only_when_called_and_trains_the_sa
     assert getattr(first.fn, KEY_ATTRIBUTE) == content
     assert first.first_partition == cold.compilations[0].first_partition
 
-    # Dynamo's fake-tensor call is answered from the key's trace, nothing is made
+    # Dynamo's fake-tensor call (fakes, under a compile's TracingContext) is answered from the
+    # key's trace: nothing is made
+    from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     params = [mode.from_tensor(getattr(owner, n)) for owner, n in first.param_slots]
-    out = first.fn(*params, mode.from_tensor(x))
+    with tracing(TracingContext(mode)):
+        out = first.fn(*params, mode.from_tensor(x))
     assert out.shape == () and out.requires_grad and deferred.made is None
+
+    # the same fakes outside any compile (a user's own fake-tensor run) get the real thing
+    torch.manual_seed(2)
+    other = precompile(_Mlp(scale=True), (x,))
+    other_deferred = deferred_of(other.compilations[0].fn)
+    assert other_deferred is not None
+    other_params = [mode.from_tensor(getattr(o, n)) for o, n in other.compilations[0].param_slots]
+    other.compilations[0].fn(*other_params, mode.from_tensor(x))
+    assert other_deferred.made is not None
 
     # an eager call makes it, with the recorded content key, and trains as the module does
     reference = _Mlp(scale=True)

@@ -271,14 +271,19 @@ def tree_unflatten(leaves: list[Any], spec: Any) -> Any:
 
 
 def fake_propagation_mode(values: Sequence[Any]) -> Any:
-    """The fake mode of ``values`` when they are plain fake tensors seen by no tracer (no
-    proxy or functionalization mode on): how Dynamo runs a ``nonstrict_trace``'d callable to
-    learn its outputs. None otherwise (a real call, or a trace that records the call)."""
+    """The fake mode of ``values`` when a compiler's trace is on (a ``TracingContext``) and
+    they are plain fake tensors seen by no tracer (no proxy or functionalization mode on): how
+    Dynamo runs a ``nonstrict_trace``'d callable to learn its outputs. None otherwise: a real
+    call, a trace that records the call, or a user's own fake-tensor run outside any compile
+    (which must get real autograd outputs, not a description of them)."""
     fake_type: Any = SUPPORT.attr("torch._subclasses.fake_tensor", "FakeTensor")
     keys: Any = SUPPORT.attr("torch._C", "_TorchDispatchModeKey")
     get_mode: Any = SUPPORT.attr("torch._C", "_get_dispatch_mode")
+    context: Any = SUPPORT.attr("torch._guards", "TracingContext")
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if not tensors or not all(type(t) is fake_type for t in tensors):
+        return None
+    if context.try_get() is None:
         return None
     if get_mode(keys.PROXY) is not None or get_mode(keys.FUNCTIONAL) is not None:
         return None
