@@ -256,6 +256,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 from ap_backend import autoparallel_backend, precompile
+from ap_backend._reuse import deferred_of
 
 class Mlp(nn.Module):
     def __init__(self):
@@ -272,8 +273,10 @@ model, x = Mlp(), torch.randn(4, 16)
 pm = precompile(model, (x,))
 loss = torch.compile(pm, backend=autoparallel_backend())(x)
 loss.backward()
+deferred = deferred_of(pm.compilations[0].fn)
 print(json.dumps({
     "reused": pm.compilations[0].reused,
+    "made_late": deferred is not None and deferred.made is not None,
     "loss": loss.item(),
     "grad": [p.grad.sum().item() for p in model.parameters()],
     "aot": dict(counters["aot_autograd"]),
@@ -300,6 +303,7 @@ def test_a_restart_skips_the_first_compilation_on_a_hit_and_makes_it_on_a_miss(
     assert not cold["reused"] and cold["aot"].get("autograd_cache_saved") == 1, cold
     warm = run()  # the record and AOTAutograd's entry: nothing of the first compilation is made
     assert warm["reused"] and warm["aot"].get("autograd_cache_hit") == 1, warm
+    assert not warm["made_late"], "a cache hit made the first compilation"
     for aot_dir in tmp_path.glob("aotautograd"):
         import shutil
 
@@ -307,6 +311,7 @@ def test_a_restart_skips_the_first_compilation_on_a_hit_and_makes_it_on_a_miss(
     miss = run()  # the record, no entry: the retrace makes the first compilation
     assert miss["reused"] and miss["aot"].get("autograd_cache_miss") == 1, miss
     assert miss["aot"].get("autograd_cache_saved") == 1, miss
+    assert miss["made_late"], miss
     for got in (warm, miss):
         assert got["loss"] == pytest.approx(cold["loss"], rel=1e-6)
         assert got["grad"] == pytest.approx(cold["grad"], rel=1e-5, abs=1e-6)
