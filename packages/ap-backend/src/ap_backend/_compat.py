@@ -244,30 +244,24 @@ def make_fx() -> Callable[..., Any]:
     return fn
 
 
-def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """torch's pytree ``tree_map``."""
-    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_map",))
-    return pytree.tree_map(fn, tree)
+def pytree() -> Any:
+    """``torch.utils._pytree`` (``tree_map``, ``tree_leaves``, ``tree_flatten``,
+    ``tree_unflatten``): the flattening AOTAutograd and export use."""
+    module: Any = SUPPORT.attrs(
+        "torch.utils._pytree", ("tree_map", "tree_leaves", "tree_flatten", "tree_unflatten")
+    )
+    return module
 
 
-def tree_leaves(tree: Any) -> list[Any]:
-    """torch's pytree ``tree_leaves``."""
-    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_leaves",))
-    leaves: list[Any] = pytree.tree_leaves(tree)
-    return leaves
+def fake_tree(tree: Any, fake_mode: Any) -> Any:
+    """``tree`` with every tensor replaced by its static-shaped fake in ``fake_mode``."""
 
+    def fake(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return fake_mode.from_tensor(value, static_shapes=True)
+        return value
 
-def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
-    """torch's pytree ``tree_flatten``."""
-    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_flatten",))
-    flat: tuple[list[Any], Any] = pytree.tree_flatten(tree)
-    return flat
-
-
-def tree_unflatten(leaves: list[Any], spec: Any) -> Any:
-    """torch's pytree ``tree_unflatten``."""
-    pytree: Any = SUPPORT.attrs("torch.utils._pytree", ("tree_unflatten",))
-    return pytree.tree_unflatten(leaves, spec)
+    return pytree().tree_map(fake, tree)
 
 
 def fake_propagation_mode(values: Sequence[Any]) -> Any:

@@ -147,11 +147,9 @@ def forward_trace(
     A tensor subclass parameter or buffer (SimpleFSDP's DTensors) enters as its inner tensors,
     rebuilt into the subclass inside the trace -- as AOTAutograd's export desugars them. Lifted
     whole, the ops the subclass runs on its inner tensors would read them as constants."""
-    named = [
-        *module.named_parameters(remove_duplicate=False),
-        *module.named_buffers(remove_duplicate=False),
-    ]
-    n_params = len(list(module.named_parameters(remove_duplicate=False)))
+    named_params = list(module.named_parameters(remove_duplicate=False))
+    named = [*named_params, *module.named_buffers(remove_duplicate=False)]
+    n_params = len(named_params)
     # plain parameters keep requires_grad (a leaf of the trace each); a subclass's inner
     # tensors enter detached and the rebuilt subclass takes the parameter's requires_grad
     flats = [value if not subclass_key(value) else _Flat(value) for _, value in named]
@@ -167,13 +165,9 @@ def forward_trace(
         outputs.append(out)
         return out
 
-    fake_mode = _compat.fake_mode_with_shape_env()
-
-    def fake(v: object) -> object:
-        return fake_mode.from_tensor(v, static_shapes=True) if isinstance(v, torch.Tensor) else v
-
-    inputs = _compat.tree_map(
-        fake, ([t.detach().requires_grad_(t.requires_grad) for t in leaves], args, kwargs)
+    inputs = _compat.fake_tree(
+        ([t.detach().requires_grad_(t.requires_grad) for t in leaves], args, kwargs),
+        _compat.fake_mode_with_shape_env(),
     )
     try:
         with tracing_like_compile():
@@ -185,7 +179,9 @@ def forward_trace(
 
 def _autograd_nodes(outputs: Any) -> Iterator[Any]:
     """Every node of the autograd graph behind ``outputs``."""
-    stack = [t.grad_fn for t in _compat.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    stack = [
+        t.grad_fn for t in _compat.pytree().tree_leaves(outputs) if isinstance(t, torch.Tensor)
+    ]
     seen: set[int] = set()
     while stack:
         node = stack.pop()
@@ -292,7 +288,7 @@ class OutputSpec:
                     shape, stride, dtype=dtype, device=device, requires_grad=requires_grad
                 )
                 out.append(t.clone() if requires_grad else t)
-        return _compat.tree_unflatten(out, self.spec)
+        return _compat.pytree().tree_unflatten(out, self.spec)
 
 
 class _TensorLeaf(tuple):  # type: ignore[type-arg]
@@ -302,7 +298,7 @@ class _TensorLeaf(tuple):  # type: ignore[type-arg]
 def describe_outputs(outputs: Any) -> OutputSpec:
     """:class:`OutputSpec` of a forward trace's outputs; :class:`Unkeyable` for a leaf it
     cannot rebuild (a tensor subclass, a view with an offset, an arbitrary object)."""
-    leaves, spec = _compat.tree_flatten(outputs)
+    leaves, spec = _compat.pytree().tree_flatten(outputs)
     described: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):

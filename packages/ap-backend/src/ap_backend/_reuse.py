@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from ap_backend import _compat
@@ -159,12 +158,9 @@ def _first_call_on_fakes(
     by ``precompile``, its first call is Dynamo's, on fakes; made late, this call stands in."""
     params = [owner._parameters[name] for owner, name in made.param_slots]
     buffers = [owner._buffers[name] for owner, name in made.buffer_slots]
-    fake_mode = _compat.fake_mode_with_shape_env()
-
-    def fake(value: object) -> object:
-        return fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
-
-    fake_args = _compat.tree_map(fake, (params, buffers, args, kwargs))
+    fake_args = _compat.fake_tree(
+        (params, buffers, args, kwargs), _compat.fake_mode_with_shape_env()
+    )
     fp, fb, fa, fk = fake_args
     made.fn(*fp, *fb, *fa, **fk)
 
