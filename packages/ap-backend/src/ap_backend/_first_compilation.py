@@ -265,6 +265,8 @@ def first_compilation(
         fsdp_report = ap_tags.mark_fsdp_all_gather_recomputation(
             jd.graph_module.graph, reshard_after_forward=options.reshard_after_forward
         )
+        # nothing caches this compile: its graphs' text is made only for a log or trace
+        _compat.unprinted_joint_compile(jd)
         with partitioning(None, options.joint_pass):
             compiled_fn = compile_joint(
                 jd,
