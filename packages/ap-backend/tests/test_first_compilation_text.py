@@ -81,8 +81,7 @@ def structured_trace() -> Iterator[list[logging.LogRecord]]:
 
 
 def _first(model: nn.Module, x: torch.Tensor) -> Any:
-    pm = precompile(model, (x,), first_compilation_cache=False)
-    return pm
+    return precompile(model, (x,), first_compilation_cache=False)
 
 
 def test_an_idle_lazy_trace_handler_is_no_reader() -> None:

@@ -503,24 +503,28 @@ def unprinted_joint_compile(joint: Any) -> bool:
     still made when ``TORCH_TRACE`` is on or ``TORCH_LOGS`` asks for ``aot_graphs`` /
     ``aot_joint_graph``: the first compilation's graphs stay in tlparse and in the logs.
     Only logging reads ``enable_log``; a torch without the field is left as it is."""
-    if structured_tracing():
+    if structured_tracing() or _aot_graph_logs_on():
         return False
-    try:
-        compile_module = SUPPORT.module(_AOT_GRAPH_COMPILE)
-    except UnsupportedTorchError:
-        return False
-    for name in ("aot_joint_log", "aot_graphs_log"):
-        logger = getattr(compile_module, name, None)
-        if not isinstance(logger, logging.Logger) or logger.isEnabledFor(logging.INFO):
-            return False
     state = getattr(joint, "_aot_state", None)
     config = getattr(state, "aot_config", None)
-    if config is None or not dataclasses.is_dataclass(config) or isinstance(config, type):
+    if not hasattr(config, "enable_log"):
         return False
-    if not any(f.name == "enable_log" for f in dataclasses.fields(config)):
-        return False
-    state.aot_config = dataclasses.replace(config, enable_log=False)  # type: ignore[union-attr]
+    state.aot_config = dataclasses.replace(config, enable_log=False)  # type: ignore[union-attr,type-var]
     return True
+
+
+def _aot_graph_logs_on() -> bool:
+    """Does ``TORCH_LOGS`` ask for AOTAutograd's graphs (``aot_graphs``, ``aot_joint_graph``)?
+    A torch whose loggers are not where this looks counts as yes: its text is left alone."""
+    try:
+        module = SUPPORT.module(_AOT_GRAPH_COMPILE)
+    except UnsupportedTorchError:
+        return True
+    loggers = [getattr(module, name, None) for name in ("aot_joint_log", "aot_graphs_log")]
+    return any(
+        not isinstance(logger, logging.Logger) or logger.isEnabledFor(logging.INFO)
+        for logger in loggers
+    )
 
 
 # --------------------------------------------------------------------------- collectives
