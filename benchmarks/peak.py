@@ -12,7 +12,8 @@ measures, and it shows the same sign (issue 42's H200 table: ap default above pl
 its own ``bucketing=False``, on both devices).
 
 Rows (the model kit on a fake process group of world 8, bf16 gathers; each row compiles in its
-own process so no compile cache or allocator state is shared):
+own process so no allocator state is shared, and with its own Inductor cache unless
+``--share-kernels`` lets the rows load each other's compiled kernels; graphs are never cached):
 
 * ``plain``: ``torch.compile(model)``;
 * ``ap_default``: ``precompile`` + ``autoparallel_backend()`` (copy-free buckets);
@@ -187,10 +188,17 @@ def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
     return out
 
 
-def _spawn(shape: str, row: str) -> dict[str, Any]:
+def _spawn(shape: str, row: str, kernel_cache: str | None = None) -> dict[str, Any]:
+    """One row in a fresh process: its own Inductor cache directory, or ``kernel_cache``
+    shared with the other rows (``--share-kernels``)."""
     with tempfile.TemporaryDirectory(prefix="ap-peak-") as tmp:
         out = Path(tmp) / "row.json"
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
+        cache = kernel_cache or str(Path(tmp) / "inductor")
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        if kernel_cache:
+            # only compiled kernels may come from another row, never a graph: an FX-graph or
+            # AOTAutograd hit skips the row's own partitioner and passes
+            env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
         env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
         env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
         cmd = [sys.executable, "-m", "benchmarks.peak", "--worker", shape, row, str(out)]
@@ -201,19 +209,26 @@ def _spawn(shape: str, row: str) -> dict[str, Any]:
         return result
 
 
-def run(shapes: list[str], rows: list[str] | None = None) -> list[dict[str, Any]]:
+def run(
+    shapes: list[str], rows: list[str] | None = None, *, share_kernels: bool = False
+) -> list[dict[str, Any]]:
+    """Every row of every shape, each in its own process. ``share_kernels``: the rows share
+    one Inductor cache directory, so a kernel one row compiled is loaded by the next (the
+    peaks and kernel counts are the same; "compile s" is then no cold compile)."""
     results = []
-    for shape in shapes:
-        wanted = rows or list(LLAMA_ROWS if SHAPES[shape]["model"] != "kit" else KIT_ROWS)
-        by_row = {row: _spawn(shape, row) for row in wanted}
-        plain = by_row.get("plain", {}).get("peak_bytes")
-        unbucketed = by_row.get("ap_unbucketed", {}).get("peak_bytes")
-        for result in by_row.values():
-            if plain:
-                result["vs_plain"] = result["peak_bytes"] / plain
-            if unbucketed:
-                result["vs_unbucketed"] = result["peak_bytes"] / unbucketed
-            results.append(result)
+    with tempfile.TemporaryDirectory(prefix="ap-peak-kernels-") as shared:
+        for shape in shapes:
+            wanted = rows or list(LLAMA_ROWS if SHAPES[shape]["model"] != "kit" else KIT_ROWS)
+            kernels = shared if share_kernels else None
+            by_row = {row: _spawn(shape, row, kernels) for row in wanted}
+            plain = by_row.get("plain", {}).get("peak_bytes")
+            unbucketed = by_row.get("ap_unbucketed", {}).get("peak_bytes")
+            for result in by_row.values():
+                if plain:
+                    result["vs_plain"] = result["peak_bytes"] / plain
+                if unbucketed:
+                    result["vs_unbucketed"] = result["peak_bytes"] / unbucketed
+                results.append(result)
     return results
 
 
@@ -237,12 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", action="append", choices=sorted(SHAPES))
     parser.add_argument("--rows", nargs="*")
     parser.add_argument("--json")
+    parser.add_argument(
+        "--share-kernels",
+        action="store_true",
+        help="rows share one Inductor cache directory for compiled kernels (faster; graphs "
+        "are never cached, so peaks and kernel counts are unchanged, compile s is not cold)",
+    )
     args = parser.parse_args(argv)
     if args.worker:
         shape, row, out = args.worker
         Path(out).write_text(json.dumps(measure(shape, row)))
         return 0
-    results = run(args.shape or ["kit_256", "kit_1024", "llama3"], args.rows)
+    results = run(
+        args.shape or ["kit_256", "kit_1024", "llama3"], args.rows, share_kernels=args.share_kernels
+    )
     print(markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -41,8 +41,10 @@ def runs() -> dict[str, list[dict[str, Any]]]:
 
 def test_coalesced_buckets_train_like_eager() -> None:
     """The copy-free form (``bucket_mode="coalesced"``, ap's FSDP schedule) through Inductor
-    on 2 gloo ranks: both engines bucketed as the default form is, numerics as eager's."""
-    coalesced = _zoo_bucketing("--bucketing", "coalesced")
+    on 2 gloo ranks with SimpleFSDP: bucketed as the default form is, numerics as eager's."""
+    # SimpleFSDP, torchtitan's engine (the default form of both engines is tested below)
+    coalesced = _zoo_bucketing("--bucketing", "coalesced", "--engines", "simple_fsdp")
+    assert list(coalesced) == ["simple_fsdp"]
     for engine, ranks in coalesced.items():
         for rank in ranks:
             assert rank["loss_rel"] <= 1e-5 and rank["grad_rel"] <= 1e-5, (engine, rank)

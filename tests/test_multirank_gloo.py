@@ -82,6 +82,8 @@ def test_prefetch_schedule_formed_coalesced_buckets(ranks: list[dict[str, Any]])
         assert sum(v["buckets"]) >= 2, v["buckets"]
 
 
+@pytest.mark.heavy  # 110 s of a CI run on 2 cores; real EP through precompile + the backend,
+# chunked per exchange, runs in CI on torchtitan's Qwen3-MoE (tests/test_zoo.py)
 @pytest.mark.multirank
 @pytest.mark.slow
 def test_demo_chunk_job_is_real_expert_parallelism_chunked_per_exchange() -> None:

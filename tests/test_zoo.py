@@ -43,6 +43,11 @@ pytestmark = pytest.mark.slow
 #: overlap configurations run in the whole zoo; here they would double the 3-minute budget).
 CASES: tuple[tuple[str, str], ...] = tuple((m, "default") for m in FAST)
 
+#: FAST models whose case runs only under ``-m heavy``: timm's ResNet (convolutions and
+#: BatchNorm; 110 s of a CI run on 2 cores, where ``tests/test_loss_tail_replay.py``'s
+#: ``conv_batch_norm`` case takes conv + BatchNorm through the backend).
+HEAVY_MODELS = frozenset({"timm_resnet10t"})
+
 #: (model, config, property) -> reason, for every property that fails today.
 KNOWN: dict[tuple[str, str, str], str] = {}
 
@@ -80,6 +85,8 @@ def _params(prop: str) -> list[object]:
             continue
         reason = KNOWN.get((model, config, prop))
         marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        if model in HEAVY_MODELS:
+            marks.append(pytest.mark.heavy)
         out.append(pytest.param(model, config, marks=marks, id=f"{model}-{config}"))
     return out
 
@@ -171,7 +178,8 @@ def test_verdict_matches_the_properties(gloo: None) -> None:
 
 #: The local-experts route (every expert on the one rank, static marks, bf16 experts) on
 #: Qwen3-MoE; ``python -m zoo.ep --local-experts`` runs 2 and 4 chunks of both models, and
-#: DeepSeek-V3's chunking through the backend is tested below (hinted marks) and in real EP.
+#: DeepSeek-V3's chunking through the backend is tested below (hinted marks, ``-m heavy``) and
+#: in real EP.
 #: Gradients: the grouped experts run in bf16, so the bound is 1.5x stock Inductor's own gap on
 #: the model (zoo/README.md: Qwen3-MoE 9.0e-3); the loss is fp32-exact.
 EP_CASES = (("tt_qwen3_moe", 2, 1.35e-2),)
@@ -205,7 +213,8 @@ def test_real_expert_parallelism_chunks_through_precompile_and_the_backend() -> 
     ``.tolist()`` (``PrecompileError``); before autograd's gradient sums joined their region
     the chunk pass refused the experts' gradients; before the first chunk got symbols of its
     own, the compiled graph failed its runtime assert ``Eq(u24 + u25, 256)``."""
-    (res,) = run_real_ep([("tt_qwen3_moe_ep", 2, "default")], port=29641)
+    # fp32 experts: judged against eager at 1e-5 / 1e-4, so stock Inductor's gap is not needed
+    (res,) = run_real_ep([("tt_qwen3_moe_ep", 2, "default")], port=29641, stock=False)
     assert res.error is None, res.error
     assert (res.graphs, res.graph_breaks) == (1, 0)
     assert res.regions_chunked == 2 * res.moe_layers  # forward + backward of each layer
@@ -220,7 +229,12 @@ def test_real_expert_parallelism_chunks_through_precompile_and_the_backend() -> 
     assert res.grad_rel_eager_chunked is not None and res.grad_rel_eager_chunked <= 1e-4
 
 
-@pytest.mark.parametrize("model", ["tt_qwen3_moe", "tt_deepseek_v3"])
+@pytest.mark.parametrize(
+    "model",
+    # DeepSeek-V3 (shared experts, a dense first layer): 100 s in CI, where Qwen3-MoE runs the
+    # same route; `-m heavy` runs it
+    ["tt_qwen3_moe", pytest.param("tt_deepseek_v3", marks=pytest.mark.heavy)],
+)
 def test_a_torchtitan_moe_compiled_as_a_module_chunks_through_hinted_marks(model: str) -> None:
     """torchtitan's MoE decoders compiled as modules, the loss outside (the ordinary
     ``torch.compile(model)`` use), batch 4 in 2 chunks: the static route refuses them at the

@@ -40,6 +40,7 @@ __all__ = [
     "assets_dir",
     "graph_trainer_deepseek_v3_debugmodel_sdpa",
     "graph_trainer_qwen3_debugmodel_moe_sdpa",
+    "graph_trainer_qwen3_debugmodel_moe_sdpa_2layers",
     "main",
     "use_cpu",
     "with_asset_args",
@@ -291,6 +292,15 @@ def graph_trainer_qwen3_debugmodel_moe_sdpa() -> Any:
     register_pipeline()
     config = graph_trainer_qwen3_debugmodel_moe()
     config.model_spec = model_registry("debugmodel_moe", attn_backend="sdpa")
+    return config
+
+
+def graph_trainer_qwen3_debugmodel_moe_sdpa_2layers() -> Any:
+    """``graph_trainer_qwen3_debugmodel_moe_sdpa`` with the first 2 of its 8 layers: the same
+    blocks (64 experts, top-8), a quarter of the 302M expert parameters, which gloo and AdamW
+    move every step (``tests/test_graph_trainer.py``)."""
+    config = graph_trainer_qwen3_debugmodel_moe_sdpa()
+    config.model_spec.model.layers = config.model_spec.model.layers[:2]
     return config
 
 
