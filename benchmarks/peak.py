@@ -13,7 +13,7 @@ its own ``bucketing=False``, on both devices).
 
 Rows (the model kit on a fake process group of world 8, bf16 gathers; each row compiles in its
 own process so no allocator state is shared, and with its own Inductor cache unless
-``--share-kernels`` lets the rows load each other's compiled kernels; graphs are never cached):
+``--share-kernels`` lets the rows use the caller's for compiled kernels; never for graphs):
 
 * ``plain``: ``torch.compile(model)``;
 * ``ap_default``: ``precompile`` + ``autoparallel_backend()`` (copy-free buckets);
@@ -188,19 +188,21 @@ def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
     return out
 
 
-def _spawn(shape: str, row: str, kernel_cache: str | None = None) -> dict[str, Any]:
-    """One row in a fresh process: its own Inductor cache directory, or ``kernel_cache``
-    shared with the other rows (``--share-kernels``)."""
+def _spawn(shape: str, row: str, share_kernels: bool = False) -> dict[str, Any]:
+    """One row in a fresh process, with an Inductor cache directory of its own; with
+    ``share_kernels``, the caller's (``TORCHINDUCTOR_CACHE_DIR`` as inherited: under pytest
+    the session's directory, which every test's compiles already share) with the graph caches
+    off, so only compiled kernels are shared."""
     with tempfile.TemporaryDirectory(prefix="ap-peak-") as tmp:
         out = Path(tmp) / "row.json"
-        cache = kernel_cache or str(Path(tmp) / "inductor")
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-        if kernel_cache:
-            # only compiled kernels may come from another row, never a graph: an FX-graph or
-            # AOTAutograd hit skips the row's own partitioner and passes
+        env = dict(os.environ)
+        if share_kernels:
+            # an FX-graph or AOTAutograd hit would skip the row's own partitioner and passes
             env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
-        env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
-        env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+        else:
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
+            env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+            env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
         cmd = [sys.executable, "-m", "benchmarks.peak", "--worker", shape, row, str(out)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -212,23 +214,21 @@ def _spawn(shape: str, row: str, kernel_cache: str | None = None) -> dict[str, A
 def run(
     shapes: list[str], rows: list[str] | None = None, *, share_kernels: bool = False
 ) -> list[dict[str, Any]]:
-    """Every row of every shape, each in its own process. ``share_kernels``: the rows share
-    one Inductor cache directory, so a kernel one row compiled is loaded by the next (the
-    peaks and kernel counts are the same; "compile s" is then no cold compile)."""
+    """Every row of every shape, each in its own process (``share_kernels``: see
+    :func:`_spawn`; peaks and kernel counts are the same, "compile s" is then no cold
+    compile)."""
     results = []
-    with tempfile.TemporaryDirectory(prefix="ap-peak-kernels-") as shared:
-        for shape in shapes:
-            wanted = rows or list(LLAMA_ROWS if SHAPES[shape]["model"] != "kit" else KIT_ROWS)
-            kernels = shared if share_kernels else None
-            by_row = {row: _spawn(shape, row, kernels) for row in wanted}
-            plain = by_row.get("plain", {}).get("peak_bytes")
-            unbucketed = by_row.get("ap_unbucketed", {}).get("peak_bytes")
-            for result in by_row.values():
-                if plain:
-                    result["vs_plain"] = result["peak_bytes"] / plain
-                if unbucketed:
-                    result["vs_unbucketed"] = result["peak_bytes"] / unbucketed
-                results.append(result)
+    for shape in shapes:
+        wanted = rows or list(LLAMA_ROWS if SHAPES[shape]["model"] != "kit" else KIT_ROWS)
+        by_row = {row: _spawn(shape, row, share_kernels) for row in wanted}
+        plain = by_row.get("plain", {}).get("peak_bytes")
+        unbucketed = by_row.get("ap_unbucketed", {}).get("peak_bytes")
+        for result in by_row.values():
+            if plain:
+                result["vs_plain"] = result["peak_bytes"] / plain
+            if unbucketed:
+                result["vs_unbucketed"] = result["peak_bytes"] / unbucketed
+            results.append(result)
     return results
 
 
@@ -255,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--share-kernels",
         action="store_true",
-        help="rows share one Inductor cache directory for compiled kernels (faster; graphs "
-        "are never cached, so peaks and kernel counts are unchanged, compile s is not cold)",
+        help="rows compile into the caller's Inductor cache directory and share its kernels "
+        "(faster; graphs are never cached, so peaks and kernel counts are unchanged, compile "
+        "s is not cold)",
     )
     args = parser.parse_args(argv)
     if args.worker:

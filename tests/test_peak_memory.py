@@ -33,7 +33,7 @@ def _peaks(shape: str, rows: list[str]) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="ap-peak-test-") as tmp:
         out = Path(tmp) / "peak.json"
         cmd = [sys.executable, "-m", "benchmarks.peak", "--shape", shape, "--rows", *rows]
-        cmd.append("--share-kernels")  # the second row loads the first's kernels
+        cmd.append("--share-kernels")  # the session's kernel cache: rows load each other's
         proc = subprocess.run(
             [*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900
         )
