@@ -42,6 +42,7 @@ __all__ = [
     "graph_trainer_qwen3_debugmodel_moe_sdpa",
     "graph_trainer_qwen3_debugmodel_moe_sdpa_2layers",
     "main",
+    "register_test_pipelines",
     "use_cpu",
     "with_asset_args",
     "write_assets",
@@ -318,9 +319,26 @@ def graph_trainer_deepseek_v3_debugmodel_sdpa() -> Any:
     return config
 
 
+#: ``--compile.pass_pipeline ap_torch_schedule``: ap-bucketing with ``BucketingConfig()``'s
+#: defaults (torch's ``"custom_ops"`` bucket form) and torch's overlap scheduler
+#: (``make_bucketing_pass(reorder=True)``) in place of the ``"ap"`` pipeline's prefetch schedule.
+#: The scheduler moves readers of a buffer written in place (the chunked loss's ``copy_``) with
+#: no data edge to the write; tests run it to hold the write order on torchtitan's own graph.
+TORCH_SCHEDULE_PIPELINE = "ap_torch_schedule"
+
+
+def register_test_pipelines() -> None:
+    """Register :data:`TORCH_SCHEDULE_PIPELINE` (idempotent)."""
+    from ap_bucketing.torchtitan import make_bucketing_pass, pipeline_with
+    from ap_bucketing.torchtitan import register_pipeline as register
+
+    register(TORCH_SCHEDULE_PIPELINE, pipeline_with(make_bucketing_pass(reorder=True)))
+
+
 def main(argv: list[str] | None = None) -> None:
     """``torchtitan.train.main()`` on CPU ranks, with the generated assets."""
     args = sys.argv[1:] if argv is None else argv
+    register_test_pipelines()
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     sys.argv = [sys.argv[0], *with_asset_args(args, write_assets())]
