@@ -21,7 +21,8 @@ Default run (``regional`` Inductor, graph_trainer's default): torchtitan's Llama
 (SDPA) and Qwen3-MoE debug model at 2 of its 8 layers (SDPA: FlexAttention has no CPU
 backward); 50-55 s a run on the 2-core machine without AVX-512.
 ``heavy``: the same with ``--compile.inductor_compilation full`` (every node through Inductor,
-~100 s a run).
+~100 s a run), and DeepSeek-V3's debug model (SDPA; 193 s for both runs: equal gradients,
+10.8 MB of gathered weights held at most against graph_trainer's own 33.1 MB, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ GRAD_RTOL = 1e-4
 #: (2 of its 8 layers: the 8-layer model has 302M expert parameters, and gloo's collectives and
 #: AdamW over them took 46 s a step on 2 cores; 2 layers keep every pattern, at 50 s a run)
 QWEN3_MOE = ("zoo.graph_trainer", "graph_trainer_qwen3_debugmodel_moe_sdpa_2layers")
+#: (--module, --config) of DeepSeek-V3's debug model (SDPA), ``heavy``
+DEEPSEEK_V3 = ("zoo.graph_trainer", "graph_trainer_deepseek_v3_debugmodel_sdpa")
 #: ``zoo.graph_trainer``'s pipeline of ap-bucketing with torch's overlap scheduler
 TORCH_SCHEDULE = "ap_torch_schedule"
 
@@ -69,8 +72,9 @@ def _command(model: str, pipeline: str, mode: str) -> str:
     graph_trainer's ``default``) and Inductor ``mode``; unchanged for Llama3 + ``ap`` + ``regional``."""
     words = shlex.split(readme_command())
     assert words[:3] == ["uv", "run", "torchrun"] and "--compile.pass_pipeline" in words
-    if model == "qwen3_moe":
-        words[words.index("--module") + 1], words[words.index("--config") + 1] = QWEN3_MOE
+    if model in ("qwen3_moe", "deepseek_v3"):
+        module_config = QWEN3_MOE if model == "qwen3_moe" else DEEPSEEK_V3
+        words[words.index("--module") + 1], words[words.index("--config") + 1] = module_config
     at = words.index("--compile.pass_pipeline")
     if pipeline == "default":
         del words[at : at + 2]
@@ -154,7 +158,9 @@ def assert_bucketed_within_block_memory(ours: dict[Any, Any], theirs: dict[Any, 
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("model", ["llama3", "qwen3_moe"])
+@pytest.mark.parametrize(
+    "model", ["llama3", "qwen3_moe", pytest.param("deepseek_v3", marks=pytest.mark.heavy)]
+)
 def test_ap_pipeline_trains_like_graph_trainers_own(model: str) -> None:
     theirs = train(model, "default")
     ours = train(model, "ap")
