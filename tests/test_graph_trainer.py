@@ -69,7 +69,8 @@ def readme_command() -> str:
 
 def _command(model: str, pipeline: str, mode: str) -> str:
     """The README command, for ``model`` and ``pipeline`` (``ap``, :data:`TORCH_SCHEDULE` or
-    graph_trainer's ``default``) and Inductor ``mode``; unchanged for Llama3 + ``ap`` + ``regional``."""
+    graph_trainer's ``default``) and Inductor ``mode``; unchanged for Llama3 + ``ap`` +
+    ``regional``."""
     words = shlex.split(readme_command())
     assert words[:3] == ["uv", "run", "torchrun"] and "--compile.pass_pipeline" in words
     if model in ("qwen3_moe", "deepseek_v3"):
@@ -173,8 +174,8 @@ def test_torchs_overlap_scheduler_keeps_the_chunked_loss_write_order() -> None:
     """ap-bucketing with torch's overlap scheduler (``make_bucketing_pass(reorder=True)``,
     ``BucketingConfig()``'s ``"custom_ops"`` buckets) on Llama3's joint graph: the scheduler
     hoists the trunk's backward above the chunked loss's ``copy_`` writes unless the write order
-    is restored; every gradient must still equal graph_trainer's own. (Its buckets are
-    bucketed, but torch's scheduler prefetches further than a block: 2.3x graph_trainer's
+    is restored; every gradient must still equal graph_trainer's own. (Its collectives are
+    bucketed too, but torch's scheduler prefetches further than a block: 2.3x graph_trainer's
     gathered bytes here, which is why the ``"ap"`` pipeline uses ap's prefetch schedule.)"""
     theirs = train("llama3", "default")
     ours = train("llama3", TORCH_SCHEDULE)
