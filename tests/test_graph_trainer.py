@@ -40,6 +40,8 @@ import torch
 
 pytest.importorskip("torchtitan.experiments.graph_trainer.registry")
 
+from zoo.graph_trainer import TORCH_SCHEDULE_PIPELINE  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SECTION = "### In torchtitan's own trainer (graph_trainer)"
@@ -54,8 +56,6 @@ GRAD_RTOL = 1e-4
 QWEN3_MOE = ("zoo.graph_trainer", "graph_trainer_qwen3_debugmodel_moe_sdpa_2layers")
 #: (--module, --config) of DeepSeek-V3's debug model (SDPA), ``heavy``
 DEEPSEEK_V3 = ("zoo.graph_trainer", "graph_trainer_deepseek_v3_debugmodel_sdpa")
-#: ``zoo.graph_trainer``'s pipeline of ap-bucketing with torch's overlap scheduler
-TORCH_SCHEDULE = "ap_torch_schedule"
 
 
 def readme_command() -> str:
@@ -68,7 +68,7 @@ def readme_command() -> str:
 
 
 def _command(model: str, pipeline: str, mode: str) -> str:
-    """The README command, for ``model`` and ``pipeline`` (``ap``, :data:`TORCH_SCHEDULE` or
+    """The README command, for ``model`` and ``pipeline`` (``ap``, ``TORCH_SCHEDULE_PIPELINE`` or
     graph_trainer's ``default``) and Inductor ``mode``; unchanged for Llama3 + ``ap`` +
     ``regional``."""
     words = shlex.split(readme_command())
@@ -147,14 +147,21 @@ def assert_same_training(ours: dict[Any, Any], theirs: dict[Any, Any]) -> None:
         )
 
 
-def assert_bucketed_within_block_memory(ours: dict[Any, Any], theirs: dict[Any, Any]) -> None:
-    """Collectives bucketed (fewer after the pass than before, all-gathers and reduce-scatters),
-    nothing skipped, and no more all-gathered bytes held at once than graph_trainer's own."""
-    report = ours[(0, 1)]["ap_bucketing"]
+def assert_bucketed(ours: dict[Any, Any]) -> dict[str, Any]:
+    """Collectives bucketed (fewer after the pass than before, all-gathers and reduce-scatters)
+    and nothing skipped; returns ap-bucketing's report."""
+    report: dict[str, Any] = ours[(0, 1)]["ap_bucketing"]
     assert report["skipped"] is None
     for kind in ("all_gather", "reduce_scatter"):
         before, after = report["collectives"][kind]
         assert after < before, (kind, before, after)
+    return report
+
+
+def assert_bucketed_within_block_memory(ours: dict[Any, Any], theirs: dict[Any, Any]) -> None:
+    """:func:`assert_bucketed`, and no more all-gathered bytes held at once than
+    graph_trainer's own."""
+    assert_bucketed(ours)
     assert 0 < ours[(0, 1)]["max_gathered_bytes"] <= theirs[(0, 1)]["max_gathered_bytes"]
 
 
@@ -178,13 +185,9 @@ def test_torchs_overlap_scheduler_keeps_the_chunked_loss_write_order() -> None:
     bucketed too, but torch's scheduler prefetches further than a block: 2.3x graph_trainer's
     gathered bytes here, which is why the ``"ap"`` pipeline uses ap's prefetch schedule.)"""
     theirs = train("llama3", "default")
-    ours = train("llama3", TORCH_SCHEDULE)
+    ours = train("llama3", TORCH_SCHEDULE_PIPELINE)
     assert_same_training(ours, theirs)
-    report = ours[(0, 1)]["ap_bucketing"]
-    assert report["skipped"] is None and report["hazard_reorders"] > 0
-    for kind in ("all_gather", "reduce_scatter"):
-        before, after = report["collectives"][kind]
-        assert after < before, (kind, before, after)
+    assert assert_bucketed(ours)["hazard_reorders"] > 0
 
 
 @pytest.mark.heavy

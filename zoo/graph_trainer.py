@@ -338,13 +338,13 @@ def register_test_pipelines() -> None:
 def main(argv: list[str] | None = None) -> None:
     """``torchtitan.train.main()`` on CPU ranks, with the generated assets."""
     args = sys.argv[1:] if argv is None else argv
-    register_test_pipelines()
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     sys.argv = [sys.argv[0], *with_asset_args(args, write_assets())]
     use_cpu()
     if os.environ.get(DUMP_ENV):
         dump_gradients(os.environ[DUMP_ENV])
+    register_test_pipelines()  # after the cache settings: it imports Inductor's config
     import torchtitan.train
 
     torchtitan.train.main()
