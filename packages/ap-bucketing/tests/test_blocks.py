@@ -24,7 +24,13 @@ from ap_bucketing import (
     collect_stats,
     max_gathered_bytes,
 )
-from ap_bucketing._blocks import block_of, collective_block, module_fqn
+from ap_bucketing._blocks import (
+    BlockContext,
+    block_context,
+    block_of,
+    collective_block,
+    module_fqn,
+)
 from ap_testing.collectives import GraphBuilder, aten, c10d, runnable_block_gathers
 from ap_testing.distributed import single_rank_gloo
 
@@ -79,6 +85,67 @@ def test_module_fqn_from_custom_meta_or_nn_module_stack_or_the_input_chain() -> 
     assert collective_block(ag) == "layers.5"  # its own stamp first
 
 
+@pytest.mark.parametrize(
+    ("stack", "fqn"),
+    [
+        ({"a": ("L['self'].layers[2].attention.wq", None)}, "layers.2.attention.wq"),
+        # a ModuleDict with numeric keys (torchtitan's layers) under a wrapper's ModuleList
+        (
+            {"a": ("getattr(L['self']._model[0].layers, '0').attention.wo", None)},
+            "_model.0.layers.0.attention.wo",
+        ),
+        ({"a": ("L['self']._modules['layers']._modules['3'].mlp", None)}, "layers.3.mlp"),
+        ({"a": ("layers.1.mlp", None)}, "layers.1.mlp"),  # export's paths are FQNs already
+        # SimpleFSDP's parametrization: the module owning the parameter, one entry out
+        (
+            {
+                "a": ("L['self'].layers.0.attention_norm", None),
+                "b": (
+                    "dict(type(L['self'].layers.0.attention_norm).__dict__)['weight']"
+                    ".fget.__closure__[0].cell_contents",
+                    None,
+                ),
+            },
+            "layers.0.attention_norm",
+        ),
+        ({"a": ("L['self']", None)}, None),  # the root is no module
+    ],
+)
+def test_module_fqn_reads_every_dynamo_spelling(stack: dict[str, object], fqn: str | None) -> None:
+    b = GraphBuilder()
+    node = b.placeholder((4, 8))
+    node.meta["nn_module_stack"] = stack
+    assert module_fqn(node) == fqn
+    del node.meta["nn_module_stack"]
+    node.meta["fwd_nn_module_stack"] = stack  # a stock backward node: its forward's stack
+    assert module_fqn(node) == fqn
+
+
+@pytest.mark.parametrize(
+    ("fqns", "blocks"),
+    [
+        # a wrapper holding the whole model at one index: the blocks are below it
+        (
+            ["_model.0.tok_embeddings", "_model.0.layers.0.wq", "_model.0.layers.1.wq"],
+            ["_model.0.tok_embeddings", "_model.0.layers.0", "_model.0.layers.1"],
+        ),
+        (["_model.0.layers.0.wq", "_model.0.norm"], ["_model.0.layers.0", "_model.0.norm"]),
+        # a graph of one block (or compiled per block): one block
+        (["layers.3.attention.wq", "layers.3.feed_forward.w1"], ["layers.3", "layers.3"]),
+        (["attention.wq", "feed_forward.w1"], ["", ""]),
+        (["model.layers.0.mlp.up_proj", "lm_head"], ["model.layers.0", "lm_head"]),
+    ],
+)
+def test_blocks_below_the_graphs_shared_prefix(fqns: list[str], blocks: list[str]) -> None:
+    b = GraphBuilder()
+    nodes = [b.placeholder((4, 8)) for _ in fqns]
+    for node, fqn in zip(nodes, fqns, strict=True):
+        _stamp(node, fqn)
+    context = block_context(b.module([]).graph)
+    assert [block_of(fqn, context) for fqn in fqns] == blocks
+    assert block_context(GraphBuilder().module([]).graph) == BlockContext()
+
+
 def _blocks_graph(
     blocks: int = 3, per_block: int = 2, backward: bool = False
 ) -> tuple[fx.GraphModule, list[list[fx.Node]]]:
@@ -114,6 +181,19 @@ def test_a_bucket_never_spans_two_blocks() -> None:
     assert buckets == gathers  # one bucket per block
     whole = bucket_collectives(gm, *_gather_args(), config=BucketingConfig(block_buckets=False))
     assert whole == [[ag for row in gathers for ag in row]]  # the rule is what splits them
+
+
+def test_a_wrapped_model_spelled_as_dynamo_does_is_bucketed_per_block() -> None:
+    """The zoo's ``FsdpTrainStep`` holds the model at ``_model[0]``; torchtitan's ``layers``
+    is a ``ModuleDict``, which Dynamo spells ``getattr(L['self']._model[0].layers, '1')``.
+    Read as ``_model.0`` (its first number) or not read at all, every gather was one block."""
+    gm, gathers = _blocks_graph()
+    for k, row in enumerate(gathers):
+        for j, ag in enumerate(row):
+            del ag.meta["custom"]
+            path = f"getattr(L['self']._model[0].layers, '{k}').w{j}"
+            ag.meta["nn_module_stack"] = {"m": (path, torch.nn.Linear)}
+    assert bucket_collectives(gm, *_gather_args(), config=BucketingConfig()) == gathers
 
 
 def test_forward_and_backward_gathers_of_a_block_never_share_a_bucket() -> None:

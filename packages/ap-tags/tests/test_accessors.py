@@ -137,5 +137,14 @@ def test_module_fqn_prefers_custom_then_nn_module_stack() -> None:
         torch.nn.Module,
     )
     assert module_fqn(n) == "layers.1.mlp"
+    # a ModuleDict with numeric keys (torchtitan's ``layers``), as Dynamo spells it
+    n.meta["nn_module_stack"]["b"] = ("getattr(L['self'].layers, '1').mlp", torch.nn.Module)
+    assert module_fqn(n) == "layers.1.mlp"
+    # a parametrization's module (SimpleFSDP): no submodule; the entry outside it owns the weight
+    n.meta["nn_module_stack"]["c"] = (
+        "dict(type(L['self'].layers[1].mlp).__dict__)['weight'].fget.__closure__[0].cell_contents",
+        torch.nn.Module,
+    )
+    assert module_fqn(n) == "layers.1.mlp"
     n.meta["custom"] = {MODULE_FQN: "layers.0.attn"}
     assert module_fqn(n) == "layers.0.attn"

@@ -33,7 +33,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import _compat
-from ._blocks import segment, source_placeholder
+from ._blocks import block_context, segment, source_placeholder
 from ._checks import require_callable, require_graph_module, require_mib
 from ._config import BucketingConfig, resolve_config
 from ._reach import BucketReach
@@ -122,9 +122,11 @@ def _group(
     when ``non_adjacent``, else torch's runs of consecutive equal keys. ``by_segment``: the
     key also carries the collective's segment (block, direction)."""
 
+    context = block_context(ordered[0].graph) if by_segment and ordered else None
+
     def key_of(coll: fx.Node) -> Hashable:
         key = _key_of(key_fn, coll)
-        return (key, segment(coll)) if by_segment else key
+        return (key, segment(coll, context)) if by_segment else key
 
     if non_adjacent:
         by_key: dict[Hashable, list[fx.Node]] = {}

@@ -178,8 +178,9 @@ def module_fqn(node: torch.fx.Node) -> str | None:
 
     Prefers ``custom["module_fqn"]`` (written by ``annotate_module_fqns``; survives retraces and
     reaches backward nodes) and falls back to the innermost ``nn_module_stack`` entry that
-    Dynamo/export record (its path is already an FQN, e.g. ``"layers.1.mlp"``, except for
-    Dynamo's ``L['self']`` spelling, which is normalised here).
+    Dynamo/export record and that names a submodule (export's path is already an FQN, e.g.
+    ``"layers.1.mlp"``; Dynamo's ``L['self']`` and ``getattr(...)`` spellings are normalised
+    here).
     """
     require_node(node, where="module_fqn")
     custom = custom_meta(node)
@@ -191,17 +192,32 @@ def module_fqn(node: torch.fx.Node) -> str | None:
     stack = node.meta.get("nn_module_stack")
     if not isinstance(stack, dict) or not stack:
         return None
-    entry = list(stack.values())[-1]
-    path = entry[0] if isinstance(entry, tuple) and entry else None
-    return _normalise_module_path(path) if isinstance(path, str) else None
+    for entry in reversed(list(stack.values())):
+        path = entry[0] if isinstance(entry, tuple) and entry else None
+        if isinstance(path, str):
+            fqn = _normalise_module_path(path)
+            if fqn is not None:
+                return fqn
+    return None
 
 
-def _normalise_module_path(path: str) -> str:
-    """Turn Dynamo's ``L['self'].layers[1].mlp`` / ``L['self']._modules['x']`` into an FQN."""
-    if not path.startswith(("L[", "G[")):
-        return path
-    path = re.sub(r"^[LG]\['[^']*'\]\.?", "", path)
-    path = re.sub(r"_modules\['([^']*)'\]", r"\1", path)
-    path = re.sub(r"\[(\d+)\]", r".\1", path)
-    path = re.sub(r"\['([^']*)'\]", r".\1", path)
-    return path.strip(".").replace("..", ".")
+_GETATTR = re.compile(r"getattr\(([^(),]*),\s*'([^']*)'\)")
+
+
+def _normalise_module_path(path: str) -> str | None:
+    """Turn Dynamo's ``L['self'].layers[1].mlp``, ``L['self']._modules['x']`` and
+    ``getattr(L['self'].layers, '1').mlp`` (a ``ModuleDict`` with numeric keys) into an FQN;
+    ``None`` for a path that names no submodule (a parametrization's module, traced as
+    ``dict(type(L['self'].wq).__dict__)['weight'].fget...``: the caller takes the entry
+    outside it, the module owning the parameter)."""
+    previous = None
+    while previous != path:  # innermost first: they nest
+        previous = path
+        path = _GETATTR.sub(r"\1.\2", path)
+    if path.startswith(("L[", "G[")):
+        path = re.sub(r"^[LG]\['[^']*'\]\.?", "", path)
+        path = re.sub(r"_modules\['([^']*)'\]", r"\1", path)
+        path = re.sub(r"\[(\d+)\]", r".\1", path)
+        path = re.sub(r"\['([^']*)'\]", r".\1", path)
+        path = re.sub(r"\.+", ".", path).strip(".")
+    return None if re.search(r"[()\[\]'\"]", path) else path
