@@ -27,7 +27,10 @@ own process so no allocator state is shared, and with its own Inductor cache unl
   explicitly, without ap's schedule (rows of ``benchmarks.gpu``, like every row here);
 
 plus, for torchtitan's Llama3 through the zoo's builder, ``plain``, ``ap_default`` and
-``ap_unbucketed``.
+``ap_unbucketed``; and on request (``--rows``) ap-bucketing alone on stock ``torch.compile``:
+``stock_bucketed`` (``post_grad_custom_post_pass = OverlapBucketingPass(BucketingConfig())``,
+no FQNs stamped: blocks from Dynamo's module paths) and ``stock_modelwide`` (the same with
+``block_buckets=False``: what the pass bucketed there before it read those paths).
 
     uv run python -m benchmarks.peak [--shape kit_1024|kit_256|llama3|quick] [--rows ...]
 """
@@ -100,6 +103,12 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 KIT_ROWS = ("plain", "ap_default", "ap_unbucketed", "ap_full", "ap_full_prefetch")
 LLAMA_ROWS = ("plain", "ap_default", "ap_unbucketed")
+#: ap-bucketing alone on stock ``torch.compile``, as a trainer that depends on nothing else
+#: of this workspace uses it (``post_grad_custom_post_pass = OverlapBucketingPass(...)``, no
+#: module FQNs stamped: the blocks come from Dynamo's module paths); ``stock_modelwide`` is
+#: the bucketing the pass gave there before it read those paths (one bucket per direction,
+#: bounded by bytes and span)
+STOCK_ROWS = ("stock_bucketed", "stock_modelwide")
 
 
 def step_peak_bytes(step: Callable[[], None]) -> int:
@@ -141,6 +150,15 @@ def _build(shape: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     )
 
 
+def _stock_pass(row: str) -> Any:
+    """The post-grad pass of a ``STOCK_ROWS`` row."""
+    from ap_bucketing import BucketingConfig, OverlapBucketingPass
+
+    if row == "stock_modelwide":
+        return OverlapBucketingPass(BucketingConfig(block_buckets=False, prefetch_depth=None))
+    return OverlapBucketingPass(BucketingConfig())
+
+
 def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
     """Compile row ``row`` at ``shape_name`` in this process (fake PG world 8) and measure the
     peak of its last steady step."""
@@ -155,27 +173,38 @@ def measure(shape_name: str, row: str, steps: int = 3) -> dict[str, Any]:
         model, batch = _build(SHAPES[shape_name])
         inductor_metrics.reset()
         start = time.perf_counter()
+        compiled: Callable[..., Any]
+        backend: Any
         with contextlib.ExitStack() as stack:
             inner = getattr(model, "model", None)
-            if isinstance(inner, torch.nn.Module):
-                # the zoo's FsdpTrainStep hides its model from named_modules(); precompile
-                # records module FQNs (what block-wide buckets key on) through this, as the
-                # zoo's EP route does
-                from ap_tags import annotate_module_fqns
+            if row in STOCK_ROWS:
+                # the whole run: the backward compiles lazily, at the first step
+                stack.enter_context(
+                    torch._inductor.config.patch(post_grad_custom_post_pass=_stock_pass(row))
+                )
+                compiled, backend = torch.compile(model), None
+            else:
+                if isinstance(inner, torch.nn.Module):
+                    # the zoo's FsdpTrainStep hides its model from named_modules();
+                    # precompile records module FQNs (what block-wide buckets key on) through
+                    # this, as the zoo's EP route does
+                    from ap_tags import annotate_module_fqns
 
-                stack.enter_context(annotate_module_fqns(inner))
-            compiled, backend = _compiled(row, model, batch, None)
+                    with annotate_module_fqns(inner):
+                        compiled, backend = _compiled(row, model, batch, None)
+                else:
+                    compiled, backend = _compiled(row, model, batch, None)
 
-        def step() -> None:
-            loss = compiled(*batch)
-            loss.backward()  # type: ignore[no-untyped-call]
-            model.zero_grad(set_to_none=True)
+            def step() -> None:
+                loss = compiled(*batch)
+                loss.backward()
+                model.zero_grad(set_to_none=True)
 
-        step()
-        compile_s = time.perf_counter() - start
-        for _ in range(steps - 1):
             step()
-        peak = step_peak_bytes(step)
+            compile_s = time.perf_counter() - start
+            for _ in range(steps - 1):
+                step()
+            peak = step_peak_bytes(step)
     out: dict[str, Any] = {
         "shape": shape_name,
         "row": row,
