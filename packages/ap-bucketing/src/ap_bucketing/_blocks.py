@@ -31,6 +31,7 @@ splits a joint graph's forward gathers from the backward's re-gathers of the sam
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -81,11 +82,14 @@ _GETATTR = re.compile(r"getattr\(([^(),]*),\s*'([^']*)'\)")
 _ATTRIBUTE_PATH = re.compile(r"[^()\[\]'\"]*")
 
 
+@functools.lru_cache(maxsize=4096)
 def _clean_dynamo_path(path: str) -> str:
     """The dotted FQN of a stack path: Dynamo's ``L['self'].layers[0].attention``,
     ``getattr(L['self'].layers, '0').attention`` (a ``ModuleDict`` with numeric keys, as
     torchtitan's ``layers``) and ``L['self']._modules['layers']`` all read
-    ``layers.0.attention``; export's paths are dotted already."""
+    ``layers.0.attention``; export's paths are dotted already. Cached: a graph repeats a few
+    hundred paths over its thousands of nodes, and ``block_context`` and the collectives'
+    chain and reader walks read them again."""
     previous = None
     while previous != path:  # innermost ``getattr(x, 'k')`` first: they nest
         previous = path
