@@ -187,6 +187,10 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("ap_custom_ops", '`bucketing=BucketingConfig()` (`"custom_ops"`: flat buckets, copies)'),
     ("ap_coalesced", '`bucketing=BucketingConfig(bucket_mode="coalesced")` (the default\'s form)'),
     ("ap_full_coalesced", 'AC + `BucketingConfig(bucket_mode="coalesced")`, no overlap scheduler'),
+    # on request: the first partition without torch's ban on recomputing what a backward
+    # matmul reads (``precompile(first_partition="min_cut_fusible")``), bucketed and not
+    ("ap_fusible", '`precompile(first_partition="min_cut_fusible")` + `autoparallel_backend()`'),
+    ("ap_fusible_unbucketed", "the same, `bucketing=False`"),
 )
 #: The issue's six rows (``ap_budget`` after ``ap_default``, whose saved bytes it halves).
 ISSUE_ROWS = ("plain", "plain_budget", "ap_default", "ap_unbucketed", "ap_budget", "ap_full")
@@ -379,6 +383,10 @@ def _make(
     elif key == "ap_default":
         pm = precompile(model, batch)
         backend = autoparallel_backend()
+    elif key in ("ap_fusible", "ap_fusible_unbucketed"):
+        pm = precompile(model, batch, first_partition="min_cut_fusible")
+        fusible = key == "ap_fusible"
+        backend = autoparallel_backend() if fusible else autoparallel_backend(bucketing=False)
     elif key == "ap_custom_ops":
         pm = precompile(model, batch)
         backend = autoparallel_backend(bucketing=ap_bucketing.BucketingConfig())

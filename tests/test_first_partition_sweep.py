@@ -22,6 +22,7 @@ than ``tagged``, and less than ``plain`` when ``plain`` saves all-gather outputs
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +144,10 @@ def test_default_partition_stays_an_option() -> None:
         assert pm.first_partitioner == "default"
         replay = ap_backend.measure_saved(pm, batch, partitioner="save_all", enable_ac=False)
         assert replay.storage_keys == pm.first_partition.storage_keys
-        with pytest.raises(ValueError, match="first_partition must be 'min_cut' or 'default'"):
+        with pytest.raises(
+            ValueError,
+            match="first_partition must be 'min_cut' or 'min_cut_fusible' or 'default'",
+        ):
             ap_backend.precompile(model, batch, first_partition="greedy")  # type: ignore[arg-type]
 
 
@@ -159,3 +163,68 @@ def test_chunk_marked_calls_keep_default_partition() -> None:
         assert ap_backend.precompile(model, (tokens, targets)).first_partitioner == "min_cut"
         ap_epchunk.mark_chunk_dim(tokens, 0, hint=None)
         assert ap_backend.precompile(model, (tokens, targets)).first_partitioner == "default"
+
+
+def _hidden_saves(summary: ap_backend.SavedSummary, hidden: int) -> int:
+    """Saved storages as wide as the FFN's hidden dim (SwiGLU's ``w1 x``, ``w3 x`` and their
+    product ``silu(w1 x) * w3 x``)."""
+    return sum(1 for shape, _ in summary.signatures if shape and shape[-1] == hidden)
+
+
+@pytest.mark.slow
+def test_min_cut_fusible_recomputes_what_a_backward_matmul_reads_on_torchtitan_llama3() -> None:
+    """``first_partition="min_cut_fusible"`` (torch's min-cut without
+    ``ban_recompute_materialized_backward``) on torchtitan's Llama3, 2 layers, unsharded and in
+    fp32 so the numbers are real: the first partition no longer saves SwiGLU's product (the
+    input of ``w2``'s weight gradient, recomputed in the backward from ``w1 x`` and ``w3 x``,
+    which are saved either way), it saves fewer bytes than ``"min_cut"``, the replay keeps
+    exactly its storages, and loss and every gradient equal eager's."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.models.common import compute_ffn_hidden_dim
+
+    from zoo.models import torchtitan_models
+
+    dim, layers = 64, 2
+    hidden = compute_ffn_hidden_dim(dim, multiple_of=32)
+    runs = {}
+    for which in ("min_cut", "min_cut_fusible"):
+        torch.manual_seed(0)
+        zm = torchtitan_models.llama3(1, n_layers=layers, dim=dim, seq=64)
+        batch = tuple(zm.batches[0])
+        eager = copy.deepcopy(zm.module)
+        ref = zm.loss_fn(eager(*batch[: zm.n_model_inputs]), *batch[zm.n_model_inputs :])
+        ref.backward()
+
+        step = _LossStep(zm.module, zm.loss_fn, zm.n_model_inputs)
+        torch.compiler.reset()
+        pm = ap_backend.precompile(step, batch, first_partition=which)
+        assert pm.first_partitioner == which
+        backend = ap_backend.autoparallel_backend()
+        loss = torch.compile(pm, backend=backend)(*batch)
+        loss.backward()
+        torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+        for (name, got), want in zip(zm.module.named_parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-6, msg=name)
+        assert backend.saved[-1].storage_keys == pm.first_partition.storage_keys
+        runs[which] = pm.first_partition
+    plain, fusible = runs["min_cut"], runs["min_cut_fusible"]
+    # per layer: w1 x, w3 x and the product under min-cut; the product is recomputed without
+    # the ban
+    assert _hidden_saves(plain, hidden) == 3 * layers, plain.signatures
+    assert _hidden_saves(fusible, hidden) == 2 * layers, fusible.signatures
+    assert fusible.nbytes < plain.nbytes, (fusible.nbytes, plain.nbytes)
+
+
+class _LossStep(nn.Module):
+    """``loss_fn(model(*inputs), *targets)`` as one module (what ``precompile`` traces)."""
+
+    def __init__(self, model: nn.Module, loss_fn: Any, n_inputs: int) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.n_inputs = n_inputs
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        out = self.model(*batch[: self.n_inputs])
+        loss: torch.Tensor = self.loss_fn(out, *batch[self.n_inputs :])
+        return loss

@@ -9,6 +9,10 @@ partition the same tagged graph -- it honours the FSDP ``MUST_RECOMPUTE`` chains
 joint pass's tags, and recomputes cheap pointwise work inside the backward's kernels instead of
 saving it. At the token counts people train with (activations outweighing the gathered
 weights) that is what keeps the replay at or under plain ``torch.compile``'s saved bytes.
+``"min_cut_fusible"`` is the same min-cut with torch's ``ban_recompute_materialized_backward``
+off, the next tier torch's own activation-memory-budget solver tries: a pointwise value the
+backward reads through a matmul (SwiGLU's ``silu(w1 x) * w3 x``, a norm's output) is recomputed
+there, fused into the kernel that already reads its inputs, instead of saved.
 ``"default"`` is torch's ``default_partition`` (AutoParallel's ``apply_placement`` choice),
 which saves every intermediate the backward reads: smaller only where few tokens meet large
 weights. The replay is exact against whichever ran (the recomputed ops are in the first
@@ -68,16 +72,25 @@ log = logging.getLogger(__name__)
 Slot = tuple[nn.Module, str]
 
 #: The first compilation's partitioner: torch's min-cut (default) or its ``default_partition``.
-FirstPartitioner: TypeAlias = Literal["min_cut", "default"]
-FIRST_PARTITIONERS: tuple[FirstPartitioner, ...] = ("min_cut", "default")
+FirstPartitioner: TypeAlias = Literal["min_cut", "min_cut_fusible", "default"]
+FIRST_PARTITIONERS: tuple[FirstPartitioner, ...] = ("min_cut", "min_cut_fusible", "default")
+#: torch's min-cut options each min-cut first partitioner runs with (``torch._functorch.config``)
+_MIN_CUT_CONFIG: dict[FirstPartitioner, dict[str, bool]] = {
+    "min_cut": {},
+    # torch bans recomputing a value the backward must materialize (an input of a matmul there):
+    # recomputing it is "never free". It costs one write in a kernel the backward runs anyway,
+    # and saves the value's bytes from the forward to its use (issue 42: torchtitan Llama3 at
+    # 4 layers / seq 1024, 0.94x plain's peak with the ban, 0.81x without).
+    "min_cut_fusible": {"ban_recompute_materialized_backward": False},
+}
 
 
 @dataclass(frozen=True)
 class FirstCompilation:
     """One first compilation: the call signature it is specialised to, which partitioner ran
-    (``partitioner``: ``"min_cut"`` or ``"default"``), what its partition saved for backward
-    (``first_partition``), the FSDP chains ap-tags tagged (``fsdp_report``) and how long it
-    took.
+    (``partitioner``: ``"min_cut"``, ``"min_cut_fusible"`` or ``"default"``), what its
+    partition saved for backward (``first_partition``), the FSDP chains ap-tags tagged
+    (``fsdp_report``) and how long it took.
 
     ``reused``: taken from the record a cold run of the same program left
     (:mod:`ap_backend._first_record`); ``fn`` then makes the first compilation on its first call
@@ -155,9 +168,12 @@ def _recording_partition(
     kwargs.pop("compiler", None)
     # torch < 2.14: AC-recomputed zero-dropout SDPA is not random (see _compat)
     with _compat.FIRST_PARTITION_RNG_RULE:
-        if which == "min_cut":
+        if which in _MIN_CUT_CONFIG:
             joint = _compat.inductor_joint_graph_passes(joint, joint_inputs)
-            fw, bw = _compat.min_cut_partition()(joint, joint_inputs, compiler="inductor", **kwargs)
+            with _compat.functorch_config_patch(_MIN_CUT_CONFIG[which]):
+                fw, bw = _compat.min_cut_partition()(
+                    joint, joint_inputs, compiler="inductor", **kwargs
+                )
         else:
             fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
@@ -209,7 +225,7 @@ def _first_decompositions(partitioner: FirstPartitioner) -> dict[Any, Any] | Non
     exported: its saves do not depend on granularity the way min-cut's do, and the chunk pass's
     region rules were written against it.
     """
-    return _compat.inductor_decompositions() if partitioner == "min_cut" else None
+    return _compat.inductor_decompositions() if partitioner in _MIN_CUT_CONFIG else None
 
 
 @dataclass(frozen=True)

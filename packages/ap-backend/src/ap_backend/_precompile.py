@@ -79,7 +79,8 @@ class PrecompiledModule(nn.Module):
 
     @property
     def first_partitioner(self) -> FirstPartitioner:
-        """Which partitioner the first compilation ran: ``"min_cut"`` or ``"default"``."""
+        """Which partitioner the first compilation ran: ``"min_cut"``, ``"min_cut_fusible"`` or
+        ``"default"``."""
         return self._first.partitioner
 
     @property
@@ -188,7 +189,11 @@ def precompile(
     mis-ordered a wait on torchtitan's Qwen3-MoE with real EP (``BackendCompilerFailed``), and
     that route is measured on ``default_partition``. ``"min_cut"`` is torch's min-cut on the
     tagged joint graph, as Inductor would partition it -- at real token counts it saves no more
-    than plain ``torch.compile`` and never an all-gathered weight; ``"default"`` is torch's
+    than plain ``torch.compile`` and never an all-gathered weight; ``"min_cut_fusible"`` is the
+    same min-cut without torch's ``ban_recompute_materialized_backward``, so a pointwise value
+    a backward matmul reads (SwiGLU's product, a norm's output) is recomputed in the backward
+    kernel that reads its inputs instead of saved: fewer saved bytes than plain, for one more
+    write per such value in the backward; ``"default"`` is torch's
     ``default_partition`` (AutoParallel's choice), which saves every intermediate the backward
     reads. ``first_partitioner`` and the ``ap_first_partition`` artifact say which ran.
 
