@@ -182,6 +182,7 @@ def test_min_cut_fusible_recomputes_what_a_backward_matmul_reads_on_torchtitan_l
     pytest.importorskip("torchtitan")
     from torchtitan.models.common import compute_ffn_hidden_dim
 
+    from zoo.bucketing import _LossOf
     from zoo.models import torchtitan_models
 
     dim, layers = 64, 2
@@ -195,7 +196,7 @@ def test_min_cut_fusible_recomputes_what_a_backward_matmul_reads_on_torchtitan_l
         ref = zm.loss_fn(eager(*batch[: zm.n_model_inputs]), *batch[zm.n_model_inputs :])
         ref.backward()
 
-        step = _LossStep(zm.module, zm.loss_fn, zm.n_model_inputs)
+        step = _LossOf(zm.module, zm.loss_fn, zm.n_model_inputs)
         torch.compiler.reset()
         pm = ap_backend.precompile(step, batch, first_partition=which)
         assert pm.first_partitioner == which
@@ -213,18 +214,3 @@ def test_min_cut_fusible_recomputes_what_a_backward_matmul_reads_on_torchtitan_l
     assert _hidden_saves(plain, hidden) == 3 * layers, plain.signatures
     assert _hidden_saves(fusible, hidden) == 2 * layers, fusible.signatures
     assert fusible.nbytes < plain.nbytes, (fusible.nbytes, plain.nbytes)
-
-
-class _LossStep(nn.Module):
-    """``loss_fn(model(*inputs), *targets)`` as one module (what ``precompile`` traces)."""
-
-    def __init__(self, model: nn.Module, loss_fn: Any, n_inputs: int) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-        self.n_inputs = n_inputs
-
-    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
-        out = self.model(*batch[: self.n_inputs])
-        loss: torch.Tensor = self.loss_fn(out, *batch[self.n_inputs :])
-        return loss
