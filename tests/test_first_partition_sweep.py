@@ -208,9 +208,9 @@ def test_min_cut_fusible_recomputes_what_a_backward_matmul_reads_on_torchtitan_l
             torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-6, msg=name)
         assert backend.saved[-1].storage_keys == pm.first_partition.storage_keys
         runs[which] = pm.first_partition
-    plain, fusible = runs["min_cut"], runs["min_cut_fusible"]
+    min_cut, fusible = runs["min_cut"], runs["min_cut_fusible"]
     # per layer: w1 x, w3 x and the product under min-cut; the product is recomputed without
     # the ban
-    assert _hidden_saves(plain, hidden) == 3 * layers, plain.signatures
+    assert _hidden_saves(min_cut, hidden) == 3 * layers, min_cut.signatures
     assert _hidden_saves(fusible, hidden) == 2 * layers, fusible.signatures
-    assert fusible.nbytes < plain.nbytes, (fusible.nbytes, plain.nbytes)
+    assert fusible.nbytes < min_cut.nbytes, (fusible.nbytes, min_cut.nbytes)
