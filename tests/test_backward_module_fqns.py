@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ import pytest
 import torch
 from ap_backend import AutoParallelBackend, autoparallel_backend, precompile
 from ap_bucketing import BucketingStats, collect_stats
-from ap_bucketing._blocks import block_of
+from ap_bucketing._blocks import block_of, part_of
 from ap_testing.distributed import fake_world
 
 pytestmark = pytest.mark.slow
@@ -101,7 +102,9 @@ def _assert_each_gradient_names_its_parameters_module(
     """Every gradient reduce-scatter names its parameter's module (itself, or -- where the
     gathers ran outside any module, the zoo's wrapper -- the op producing the gradient), the
     cast feeding it names the same, the names cover the model's blocks, and the reduce-scatter
-    bucketing keyed one bucket group per block."""
+    bucketing keyed one bucket group per block, a layer's split per submodule holding two or
+    more gradients (``BucketingConfig.backward_parts``: attention, feed-forward; a norm's one
+    gradient rides with a neighbour)."""
     scattered = [(f, g) for kind, f, g in seen[True] if kind == "reduce_scatter_tensor"]
     names = [f if f is not None else g for f, g in scattered]
     assert scattered and None not in names, scattered
@@ -111,7 +114,13 @@ def _assert_each_gradient_names_its_parameters_module(
     if None not in gathered:  # the gathers ran in their modules: each gradient names its own
         assert sorted(names) == sorted(n for n in gathered if n is not None), names
     (reduce_scatter,) = [s for s in stats if s.candidates == len(scattered)][-1:]
-    assert reduce_scatter.keys == len(blocks), reduce_scatter.log_line()
+    parts = Counter(part_of(n) for n in names)
+    groups = {
+        block: max(1, sum(1 for p, c in parts.items() if c > 1 and block_of(p) == block))
+        for block in blocks
+    }
+    assert reduce_scatter.keys == sum(groups.values()), (groups, reduce_scatter.log_line())
+    assert any(count > 1 for count in groups.values()), groups  # the layers did split
 
 
 @pytest.fixture(scope="module")

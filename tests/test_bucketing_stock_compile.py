@@ -49,7 +49,7 @@ def test_coalesced_buckets_train_like_eager() -> None:
         for rank in ranks:
             assert rank["loss_rel"] <= 1e-5 and rank["grad_rel"] <= 1e-5, (engine, rank)
             before, after = _graph(rank, "reduce_scatter")
-            assert before == 17 and after == BLOCKS, (engine, before, after)
+            assert before == 17 and after == BACKWARD_BUCKETS, (engine, before, after)
             gathers_before, gathers_after = _graph(rank, "all_gather")
             assert gathers_after in GATHER_BUCKETS[engine], (engine, gathers_after)
 
@@ -65,6 +65,9 @@ BLOCKS = 5
 #: forward all-gather buckets: one per block; SimpleFSDP's graph gathers the embedding's shard
 #: twice, and a bucket never gathers one parameter twice (18 gathers, 6 buckets)
 GATHER_BUCKETS = {"fsdp_step": {BLOCKS}, "simple_fsdp": {BLOCKS, BLOCKS + 1}}
+#: backward reduce-scatter buckets: one per block, each layer's split in two (its attention,
+#: its feed-forward: ``BucketingConfig.backward_parts``; the norms ride along)
+BACKWARD_BUCKETS = BLOCKS + 2
 
 
 @pytest.mark.parametrize("engine", ["fsdp_step", "simple_fsdp"])
@@ -74,12 +77,12 @@ def test_backward_reduce_scatters_are_bucketed_without_all_gathers(
     for rank in runs[engine]:
         before, after = _graph(rank, "reduce_scatter")
         assert before == rank["n_params"] == 17
-        # buckets one block wide: one per block (embedding, 2 layers, norm, head), the two
-        # layers' 7 parameters each bucketed. The block comes from the module path Dynamo
-        # records (`getattr(L['self']._model[0].layers, '0')` under the zoo's wrapper; the
-        # backward's `fwd_nn_module_stack`): read wrong, the model was one bucket in each
-        # direction (17 -> 1 reduce-scatters, 17 -> 2 all-gathers)
-        assert after == BLOCKS, (engine, rank["rank"], before, after)
+        # buckets one block wide: one per block (embedding, 2 layers, norm, head), each
+        # layer's backward one per submodule (attention, feed-forward). The block comes from
+        # the module path Dynamo records (`getattr(L['self']._model[0].layers, '0')` under the
+        # zoo's wrapper; the backward's `fwd_nn_module_stack`): read wrong, the model was one
+        # bucket in each direction (17 -> 1 reduce-scatters, 17 -> 2 all-gathers)
+        assert after == BACKWARD_BUCKETS, (engine, rank["rank"], before, after)
         gathers_before, gathers_after = _graph(rank, "all_gather")
         assert gathers_after in GATHER_BUCKETS[engine], (engine, gathers_before, gathers_after)
 

@@ -30,6 +30,7 @@ from ap_bucketing._blocks import (
     block_of,
     collective_block,
     module_fqn,
+    part_of,
 )
 from ap_testing.collectives import GraphBuilder, aten, c10d, runnable_block_gathers
 from ap_testing.distributed import single_rank_gloo
@@ -311,3 +312,84 @@ def test_prefetch_schedule_issues_each_block_right_after_the_previous_wait(group
         orders[reorder] = _gather_issue_order(gm.graph)
     assert all(issue - wait <= 3 for wait, issue in orders["prefetch"]), orders
     assert all(issue - wait > 3 for wait, issue in orders[False]), orders
+
+
+@pytest.mark.parametrize(
+    ("fqn", "part"),
+    [
+        ("layers.3.attention.wq", "layers.3.attention"),
+        ("model.layers.0.mlp.up_proj", "model.layers.0.mlp"),
+        ("layers.1.moe.experts", "layers.1.moe"),
+        ("layers.2.w1", "layers.2.w1"),
+        ("layers.2", "layers.2"),
+        ("tok_embeddings", "tok_embeddings"),
+    ],
+)
+def test_part_of_a_module_fqn_is_the_blocks_direct_submodule(fqn: str, part: str) -> None:
+    assert part_of(fqn) == part
+
+
+#: one Llama block's weights as (submodule, weight, shard shape): bf16 shards of world 8
+_LLAMA_BLOCK = (
+    ("attention_norm", "weight", (8, 1)),
+    ("attention", "wq", (8, 64)),
+    ("attention", "wk", (8, 64)),
+    ("attention", "wv", (8, 64)),
+    ("attention", "wo", (8, 64)),
+    ("ffn_norm", "weight", (8, 1)),
+    ("feed_forward", "w1", (16, 64)),
+    ("feed_forward", "w3", (16, 64)),
+    ("feed_forward", "w2", (8, 128)),
+)
+
+
+def _llama_block_graph(
+    backward_order: tuple[int, ...] = (8, 6, 7, 5, 4, 1, 2, 3, 0),
+) -> tuple[fx.GraphModule, list[fx.Node], list[fx.Node]]:
+    """One stamped Llama block: the forward gathers its nine weights in module order, the
+    backward re-gathers them in ``backward_order`` (by default the backward's: the FFN, its
+    norm, the attention, its norm). Returns the graph and both directions' gathers."""
+    b = GraphBuilder()
+    shards = [b.placeholder(shape) for _, _, shape in _LLAMA_BLOCK]
+    outputs = []
+    forward, backward = [], []
+    for index in range(len(_LLAMA_BLOCK)):
+        module, weight, _ = _LLAMA_BLOCK[index]
+        ag, w = b.all_gather(shards[index])
+        forward.append(_stamp(ag, f"layers.0.{module}.{weight}"))
+        outputs.append(b.relu(w))
+    for index in backward_order:
+        module, weight, _ = _LLAMA_BLOCK[index]
+        ag, w = b.all_gather(shards[index])
+        backward.append(_stamp(ag, f"layers.0.{module}.{weight}", backward=True))
+        outputs.append(b.relu(w))
+    return b.module(outputs), forward, backward
+
+
+def test_a_backward_bucket_stays_within_one_submodule_of_its_block() -> None:
+    """The backward runs the feed-forward, then the attention: one bucket each (a norm with
+    the submodule before it), so neither holds the other's weights; the forward gathers the
+    block in one bucket."""
+    gm, forward, backward = _llama_block_graph()
+    buckets = bucket_collectives(gm, *_gather_args(), config=BucketingConfig())
+    ffn_and_norm, attention_and_norm = backward[:4], backward[4:]
+    assert buckets == [forward, ffn_and_norm, attention_and_norm]
+    whole = bucket_collectives(gm, *_gather_args(), config=BucketingConfig(backward_parts=False))
+    assert whole == [forward, backward]  # the rule is what splits them
+
+
+def test_a_small_first_part_joins_the_part_after_it() -> None:
+    """In module order, the attention's norm is waited first: it joins the attention's bucket
+    (the part after it) instead of making a collective of its own; the FFN's norm, waited
+    after the attention, joins the part before it."""
+    gm, forward, backward = _llama_block_graph((0, 1, 2, 3, 4, 5, 6, 7, 8))
+    buckets = bucket_collectives(gm, *_gather_args(), config=BucketingConfig())
+    assert buckets == [forward, backward[:6], backward[6:]]
+
+
+def test_a_block_of_bare_weights_keeps_one_backward_bucket() -> None:
+    """Weights that are the block's direct children (``layers.0.w1``: every part one
+    collective) do not split a backward bucket into one collective each."""
+    gm, gathers = _blocks_graph(blocks=2, per_block=3, backward=True)
+    buckets = bucket_collectives(gm, *_gather_args(), config=BucketingConfig())
+    assert sorted(map(tuple, buckets), key=str) == sorted(map(tuple, gathers), key=str)

@@ -161,25 +161,25 @@ def is_backward(node: fx.Node) -> bool:
     )
 
 
-def collective_block(coll: fx.Node, context: BlockContext | None = None) -> str | None:
-    """The block of a collective: from its own FQN, else the nearest one up its single-input
-    input chain, else the nearest one among its result's readers (breadth first, a few
-    levels: a wrapper that gathers every weight before calling the model -- the zoo's
+def collective_fqn(coll: fx.Node) -> str | None:
+    """The module FQN a collective belongs to: its own, else the nearest one up its
+    single-input input chain, else the nearest one among its result's readers (breadth first,
+    a few levels: a wrapper that gathers every weight before calling the model -- the zoo's
     ``FsdpTrainStep`` -- stamps no module on the gathers, but the matmul that reads a weight
-    is in its module); ``None`` when there is none."""
+    is in its module; of several readers' FQNs the smallest); ``None`` when there is none."""
     node: fx.Node | None = coll
     for _ in range(_CHAIN_LIMIT):
         if node is None:
             break
         fqn = module_fqn(node)
         if fqn is not None:
-            return block_of(fqn, context)
+            return fqn
         inputs = node.all_input_nodes
         node = inputs[0] if len(inputs) == 1 else None
     frontier = [u for u in coll.users if u.op != "output"]
     seen = set(frontier)
     for _ in range(_CHAIN_LIMIT):
-        found = sorted({block_of(f, context) for f in map(module_fqn, frontier) if f is not None})
+        found = sorted({f for f in map(module_fqn, frontier) if f is not None})
         if found:
             return found[0]
         frontier = [u for n in frontier for u in n.users if u.op != "output" and u not in seen]
@@ -187,6 +187,29 @@ def collective_block(coll: fx.Node, context: BlockContext | None = None) -> str 
         if not frontier:
             break
     return None
+
+
+def collective_block(coll: fx.Node, context: BlockContext | None = None) -> str | None:
+    """The block of a collective (``block_of`` its ``collective_fqn``); ``None`` when no FQN
+    is found."""
+    fqn = collective_fqn(coll)
+    return None if fqn is None else block_of(fqn, context)
+
+
+def part_of(fqn: str, context: BlockContext | None = None) -> str:
+    """The block's direct submodule a module FQN is in (``layers.3.attention.wq`` ->
+    ``layers.3.attention``; ``model.layers.0.mlp.up_proj`` -> ``model.layers.0.mlp``; in a
+    graph of one block, ``layers.3``, the same): the unit a backward bucket stays within under
+    ``BucketingConfig.backward_parts``. An FQN that is its block (the embedding, the head) is
+    its block."""
+    block = block_of(fqn, context)
+    if not fqn.startswith(block):  # a graph of one block: the block is the shared prefix
+        return block
+    rest = fqn[len(block) :].lstrip(".")
+    if not rest:
+        return block
+    head = rest.split(".")[0]
+    return f"{block}.{head}" if block else head
 
 
 def source_placeholder(coll: fx.Node) -> fx.Node | None:

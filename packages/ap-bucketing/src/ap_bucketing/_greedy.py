@@ -17,7 +17,9 @@ list of buckets, each a list of >= 2 collective nodes in wait order). The rules
   crashing.
 * With ``block_buckets`` (the default) the key also carries the collective's segment -- its
   transformer block and direction (``_blocks``) -- so a bucket never spans two blocks, and a
-  bucket closes before a collective that gathers a parameter it already gathers.
+  bucket closes before a collective that gathers a parameter it already gathers. With
+  ``backward_parts`` (the default) a backward collective's key carries its block's direct
+  submodule too (attention, feed-forward), small parts (a norm) merged into a neighbour.
 
 The function never mutates the graph.
 """
@@ -33,7 +35,14 @@ from typing import Any
 import torch.fx as fx
 
 from . import _compat
-from ._blocks import block_context, segment, source_placeholder
+from ._blocks import (
+    block_context,
+    block_of,
+    collective_fqn,
+    is_backward,
+    part_of,
+    source_placeholder,
+)
 from ._checks import require_callable, require_graph_module, require_mib
 from ._config import BucketingConfig, resolve_config
 from ._reach import BucketReach
@@ -112,26 +121,42 @@ def _key_of(key_fn: Callable[[fx.Node], Any], coll: fx.Node) -> Hashable:
     return key
 
 
+#: a backward part holding less than this share of its block's bytes (of one key) joins a
+#: neighbouring part's bucket: a norm's weight is not worth a collective of its own
+_SMALL_PART = 1 / 8
+
+
 def _group(
     ordered: list[fx.Node],
     key_fn: Callable[[fx.Node], Any],
     non_adjacent: bool,
     by_segment: bool = False,
+    backward_parts: bool = False,
 ) -> list[list[fx.Node]]:
     """Split the candidates into independently bucketed lists: one per key (first-seen order)
     when ``non_adjacent``, else torch's runs of consecutive equal keys. ``by_segment``: the
-    key also carries the collective's segment (block, direction)."""
+    key also carries the collective's segment (block, direction); ``backward_parts``: a
+    backward collective's also its part (``_blocks.part_of``), small parts merged
+    (``_merge_small_parts``)."""
 
     context = block_context(ordered[0].graph) if by_segment and ordered else None
 
     def key_of(coll: fx.Node) -> Hashable:
         key = _key_of(key_fn, coll)
-        return (key, segment(coll, context)) if by_segment else key
+        if not by_segment:
+            return key
+        fqn = collective_fqn(coll)
+        block = None if fqn is None else block_of(fqn, context)
+        backward = is_backward(coll)
+        part = part_of(fqn, context) if backward_parts and backward and fqn is not None else None
+        return (key, (block, backward), part)
 
     if non_adjacent:
         by_key: dict[Hashable, list[fx.Node]] = {}
         for coll in ordered:
             by_key.setdefault(key_of(coll), []).append(coll)
+        if by_segment and backward_parts:
+            return _merge_small_parts(by_key, ordered)
         return list(by_key.values())
     runs: list[list[fx.Node]] = []
     last_key: object = object()
@@ -143,6 +168,41 @@ def _group(
             runs.append([coll])
             last_key = key
     return runs
+
+
+def _merge_small_parts(
+    by_key: dict[Hashable, list[fx.Node]], ordered: list[fx.Node]
+) -> list[list[fx.Node]]:
+    """The groups of ``by_key`` (keys ``(key, segment, part)``) with every small part merged
+    into the part before it in first-seen (wait) order, a small first part into the one after
+    it. Small: one collective, or under ``_SMALL_PART`` of the segment's bytes. A norm's weight
+    then rides with its sibling submodule's bucket instead of making a collective of its own,
+    and a block whose weights are its direct children (``layers.0.w1``: every part one
+    collective) stays one bucket, as without parts. Each group keeps ``ordered``'s (wait)
+    order."""
+    segments: dict[Hashable, list[list[fx.Node]]] = {}
+    for full_key, members in by_key.items():
+        assert isinstance(full_key, tuple) and len(full_key) == 3, full_key
+        segments.setdefault(full_key[:2], []).append(members)
+    out: list[list[fx.Node]] = []
+    for parts in segments.values():
+        sizes = [sum(collective_bytes(c) or 0 for c in part) for part in parts]
+        total = sum(sizes)
+        merged: list[list[fx.Node]] = []
+        pending: list[fx.Node] = []  # small parts before the first large one
+        for part, size in zip(parts, sizes, strict=True):
+            if len(part) > 1 and size >= _SMALL_PART * total:
+                merged.append(pending + part)
+                pending = []
+            elif merged:
+                merged[-1] = merged[-1] + part
+            else:
+                pending = pending + part
+        if pending:
+            merged.append(pending)
+        out.extend(merged)
+    rank = {c: i for i, c in enumerate(ordered)}
+    return [sorted(group, key=rank.__getitem__) for group in out]
 
 
 def _bucket_one_group(
@@ -249,7 +309,7 @@ def bucket_collectives(
     cfg = resolve_config(config, where=where)
     start = time.perf_counter()
     ranks, order, ordered = _candidates(gm.graph, filter_node, filter_wait_node)
-    groups = _group(ordered, group_key, cfg.non_adjacent, cfg.block_buckets)
+    groups = _group(ordered, group_key, cfg.non_adjacent, cfg.block_buckets, cfg.backward_parts)
     fixed_cap = cfg.bucket_cap_mb
 
     def cap_mb(index: int) -> float:
