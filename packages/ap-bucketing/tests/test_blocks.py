@@ -393,3 +393,11 @@ def test_a_block_of_bare_weights_keeps_one_backward_bucket() -> None:
     gm, gathers = _blocks_graph(blocks=2, per_block=3, backward=True)
     buckets = bucket_collectives(gm, *_gather_args(), config=BucketingConfig())
     assert sorted(map(tuple, buckets), key=str) == sorted(map(tuple, gathers), key=str)
+
+
+def test_adjacent_runs_keep_block_wide_backward_buckets() -> None:
+    """``non_adjacent=False`` (torch's runs of equal keys) has no merge of small parts: there a
+    part key would make each norm a run of its own, so the backward stays block-wide."""
+    gm, forward, backward = _llama_block_graph()
+    config = BucketingConfig(non_adjacent=False)
+    assert bucket_collectives(gm, *_gather_args(), config=config) == [forward, backward]

@@ -227,9 +227,3 @@ def source_placeholder(coll: fx.Node) -> fx.Node | None:
         if "_c10d_functional" in str(node.target):
             return None
     return None
-
-
-def segment(coll: fx.Node, context: BlockContext | None = None) -> tuple[str | None, bool]:
-    """``(block, is_backward)``: collectives of one segment may share a bucket. ``context``:
-    ``block_context`` of the collective's graph."""
-    return collective_block(coll, context), is_backward(coll)

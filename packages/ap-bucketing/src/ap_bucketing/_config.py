@@ -63,9 +63,10 @@ class BucketingConfig:
             the span stay as safety nets, and a graph without module FQNs buckets by them.
         backward_parts: with ``block_buckets``, a backward bucket also stays within one of its
             block's direct submodules (``layers.3.feed_forward``, ``layers.3.attention``); a
-            submodule holding under an eighth of the block's bytes of that kind (a norm's
-            weight) joins the bucket of the submodule before it in wait order (the first one:
-            the one after). The backward runs the feed-forward and the attention one after the
+            submodule with one collective or under an eighth of the block's bytes of that kind
+            (a norm's weight) joins the bucket of the submodule before it in wait order (the
+            first one: the one after). Needs ``non_adjacent`` (torch's adjacent runs keep
+            block-wide backward buckets). The backward runs the feed-forward and the attention one after the
             other, so a block-wide bucket holds the attention's gathered weights through the
             feed-forward's backward and the feed-forward's unreduced gradients through the
             attention's; per submodule each is alive only while its own part runs (the kit at

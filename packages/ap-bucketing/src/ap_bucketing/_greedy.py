@@ -140,6 +140,9 @@ def _group(
     (``_merge_small_parts``)."""
 
     context = block_context(ordered[0].graph) if by_segment and ordered else None
+    # parts need the merge of small ones, which groups by key: torch's adjacent runs
+    # (``non_adjacent=False``) keep block-wide backward buckets
+    with_parts = by_segment and backward_parts and non_adjacent
 
     def key_of(coll: fx.Node) -> Hashable:
         key = _key_of(key_fn, coll)
@@ -148,14 +151,14 @@ def _group(
         fqn = collective_fqn(coll)
         block = None if fqn is None else block_of(fqn, context)
         backward = is_backward(coll)
-        part = part_of(fqn, context) if backward_parts and backward and fqn is not None else None
+        part = part_of(fqn, context) if with_parts and backward and fqn is not None else None
         return (key, (block, backward), part)
 
     if non_adjacent:
         by_key: dict[Hashable, list[fx.Node]] = {}
         for coll in ordered:
             by_key.setdefault(key_of(coll), []).append(coll)
-        if by_segment and backward_parts:
+        if with_parts:
             return _merge_small_parts(by_key, ordered)
         return list(by_key.values())
     runs: list[list[fx.Node]] = []
