@@ -76,8 +76,10 @@ class BucketingConfig:
             block's weights are a small share.
         prefetch_depth: in ``OverlapBucketingPass``, a bucketed (or FSDP) collective is issued
             at most this many collectives of its kind ahead of the last one waited for: with
-            1, the next block's all-gather starts once the current block's is waited (FSDP2's
-            prefetch of one), and a reduce-scatter once the previous one is waited. ``None``
+            1, the next bucket's all-gather starts once the current one's is waited (FSDP2's
+            prefetch of one: the next block's in the forward, with ``backward_parts`` the next
+            submodule's in the backward), and a reduce-scatter once the previous one is
+            waited. ``None``
             leaves the issue order to the scheduler (and to the merge, without reordering).
     """
 
