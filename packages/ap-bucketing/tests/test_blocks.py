@@ -345,21 +345,22 @@ _LLAMA_BLOCK = (
 
 def _llama_block_graph(
     backward_order: tuple[int, ...] = (8, 6, 7, 5, 4, 1, 2, 3, 0),
+    block: tuple[tuple[str, str, tuple[int, int]], ...] = _LLAMA_BLOCK,
 ) -> tuple[fx.GraphModule, list[fx.Node], list[fx.Node]]:
     """One stamped Llama block: the forward gathers its nine weights in module order, the
     backward re-gathers them in ``backward_order`` (by default the backward's: the FFN, its
     norm, the attention, its norm). Returns the graph and both directions' gathers."""
     b = GraphBuilder()
-    shards = [b.placeholder(shape) for _, _, shape in _LLAMA_BLOCK]
+    shards = [b.placeholder(shape) for _, _, shape in block]
     outputs = []
     forward, backward = [], []
-    for index in range(len(_LLAMA_BLOCK)):
-        module, weight, _ = _LLAMA_BLOCK[index]
+    for index in range(len(block)):
+        module, weight, _ = block[index]
         ag, w = b.all_gather(shards[index])
         forward.append(_stamp(ag, f"layers.0.{module}.{weight}"))
         outputs.append(b.relu(w))
     for index in backward_order:
-        module, weight, _ = _LLAMA_BLOCK[index]
+        module, weight, _ = block[index]
         ag, w = b.all_gather(shards[index])
         backward.append(_stamp(ag, f"layers.0.{module}.{weight}", backward=True))
         outputs.append(b.relu(w))
@@ -401,3 +402,19 @@ def test_adjacent_runs_keep_block_wide_backward_buckets() -> None:
     gm, forward, backward = _llama_block_graph()
     config = BucketingConfig(non_adjacent=False)
     assert bucket_collectives(gm, *_gather_args(), config=config) == [forward, backward]
+
+
+def test_a_part_under_an_eighth_of_the_blocks_bytes_joins_its_neighbour() -> None:
+    """A LayerNorm's weight and bias are two collectives but a few bytes: the norm joins the
+    feed-forward's bucket instead of making a bucket of its own."""
+    block = (
+        ("feed_forward", "w1", (16, 64)),
+        ("feed_forward", "w2", (8, 128)),
+        ("norm", "weight", (8, 1)),
+        ("norm", "bias", (8, 1)),
+        ("attention", "wq", (8, 64)),
+        ("attention", "wo", (8, 64)),
+    )
+    gm, forward, backward = _llama_block_graph(tuple(range(6)), block)
+    buckets = bucket_collectives(gm, *_gather_args(), config=BucketingConfig())
+    assert buckets == [forward, backward[:4], backward[4:]]
