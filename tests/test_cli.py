@@ -90,7 +90,7 @@ def test_demo_subprocess_table_agrees_with_json(tmp_path: Path) -> None:
         assert float(eager) == pytest.approx(st["loss_eager"], abs=1e-6)
         assert float(compiled) == pytest.approx(st["loss_compiled"], abs=1e-6)
     for key, label in [
-        ("first_partition", "first partition (min_cut)"),
+        ("first_partition", "first partition (min_cut_fusible)"),
         ("save_all", "SaveAll (backend)"),
         ("min_cut_ac", "min-cut + AC"),
         ("min_cut_ac_untagged", "min-cut + AC, no first compile"),

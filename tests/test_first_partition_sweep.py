@@ -95,7 +95,7 @@ def measure(module: nn.Module, batch: tuple[Any, ...], ac: bool) -> Measured:
 def check(m: Measured) -> None:
     detail = {k: (getattr(m, k).count, getattr(m, k).nbytes) for k in ("plain", "tagged", "first")}
     detail["replay"] = (m.replay.count, m.replay.nbytes)
-    assert m.first_partitioner == "min_cut"
+    assert m.first_partitioner == "min_cut_fusible"  # the default
     assert m.replay.storage_keys == m.first.storage_keys, detail
     assert m.replay.all_gather_outputs == (), m.replay.all_gather_outputs
     assert m.replay.nbytes <= m.tagged.nbytes, detail
@@ -152,7 +152,8 @@ def test_default_partition_stays_an_option() -> None:
 
 
 def test_chunk_marked_calls_keep_default_partition() -> None:
-    """``first_partition=None``: min-cut, except for a call whose tensors carry chunk-dim marks
+    """``first_partition=None``: min-cut without torch's ban on recomputing what a backward matmul
+    reads (``"min_cut_fusible"``), except for a call whose tensors carry chunk-dim marks
     (the EP chunk route, measured on ``default_partition``: with min-cut's recomputation the
     chunk pass mis-ordered a wait on torchtitan's Qwen3-MoE with real EP)."""
     import ap_epchunk
@@ -160,7 +161,8 @@ def test_chunk_marked_calls_keep_default_partition() -> None:
     with fake_world(8):
         model = Transformer(ModelConfig(), Sharding.from_world())
         tokens, targets = model.example_batch(0, 0)
-        assert ap_backend.precompile(model, (tokens, targets)).first_partitioner == "min_cut"
+        first = ap_backend.precompile(model, (tokens, targets)).first_partitioner
+        assert first == "min_cut_fusible"
         ap_epchunk.mark_chunk_dim(tokens, 0, hint=None)
         assert ap_backend.precompile(model, (tokens, targets)).first_partitioner == "default"
 

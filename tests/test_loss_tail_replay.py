@@ -136,7 +136,11 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 #: Every case under the default (min-cut) first partition; the FEWER cases under
 #: ``default_partition`` too, where the replay's dropped saves are named.
-RUNS = [(name, "min_cut") for name in sorted(CASES)] + [(name, "default") for name in FEWER]
+RUNS = (
+    [(name, "min_cut_fusible") for name in sorted(CASES)]  # the default first partition
+    + [("hf_llama_loss_inside", "min_cut")]
+    + [(name, "default") for name in FEWER]
+)
 
 
 @pytest.mark.slow
@@ -170,7 +174,7 @@ def test_loss_tail_replay_saves_the_first_partitions_storages(
         second.count,
         second.nbytes,
     )
-    if first_partition == "min_cut":
+    if first_partition in ("min_cut", "min_cut_fusible"):
         # the first min-cut partitions as Inductor's own partition_fn: after its joint-graph
         # passes (they rewrite the loss tail's scatter), so it saves no more than torch's
         # min-cut on the same tagged graph (HF Llama computing its own loss: 16 B more before)

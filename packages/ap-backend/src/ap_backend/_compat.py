@@ -414,6 +414,13 @@ def min_cut_partition() -> Callable[..., Any]:
     return fn
 
 
+def partitioner_op_types() -> Any:
+    """torch's partitioner op classes (``get_default_op_list()``: ``is_fusible``,
+    ``is_view``), the ones min-cut decides "materialized in the backward" with."""
+    fn: Callable[[], Any] = SUPPORT.attr("torch._functorch.partitioners", "get_default_op_list")
+    return fn()
+
+
 def inductor_joint_graph_passes(
     gm: torch.fx.GraphModule, joint_inputs: Any
 ) -> torch.fx.GraphModule:

@@ -4,15 +4,16 @@ that a second ``torch.compile`` can retrace with the tags intact.
 Why this shape: the first partition's decisions (FSDP all-gathers recomputed, everything else
 as the first partitioner saved it) must survive into the second compile.
 
-Which first partitioner (``first_partition=``): torch's min-cut by default, as Inductor would
-partition the same tagged graph -- it honours the FSDP ``MUST_RECOMPUTE`` chains and the AC
-joint pass's tags, and recomputes cheap pointwise work inside the backward's kernels instead of
-saving it. At the token counts people train with (activations outweighing the gathered
-weights) that is what keeps the replay at or under plain ``torch.compile``'s saved bytes.
-``"min_cut_fusible"`` is the same min-cut with torch's ``ban_recompute_materialized_backward``
+Which first partitioner (``first_partition=``): torch's min-cut, as Inductor would partition the
+same tagged graph -- it honours the FSDP ``MUST_RECOMPUTE`` chains and the AC joint pass's tags,
+and recomputes cheap pointwise work inside the backward's kernels instead of saving it. At the
+token counts people train with (activations outweighing the gathered weights) that is what
+keeps the replay at or under plain ``torch.compile``'s saved bytes. The default,
+``"min_cut_fusible"``, is that min-cut with torch's ``ban_recompute_materialized_backward``
 off, the next tier torch's own activation-memory-budget solver tries: a pointwise value the
 backward reads through a matmul (SwiGLU's ``silu(w1 x) * w3 x``, a norm's output) is recomputed
-there, fused into the kernel that already reads its inputs, instead of saved.
+there, fused into the kernel that already reads its inputs, instead of saved (``"min_cut"``
+keeps the ban; see :func:`default_first_partition`).
 ``"default"`` is torch's ``default_partition`` (AutoParallel's ``apply_placement`` choice),
 which saves every intermediate the backward reads: smaller only where few tokens meet large
 weights. The replay is exact against whichever ran (the recomputed ops are in the first
@@ -49,6 +50,7 @@ from ap_backend._aot_cache import (
 )
 from ap_backend._artifacts import emit_json
 from ap_backend._partitioners import JointPass, partitioning
+from ap_backend._rounding import clear_kept_bans, keep_ban_on_rounded_values
 from ap_backend._saved import SavedSummary, summarize_forward_saves
 from ap_backend._signature import CallSignature, call_signature, subclass_key
 from ap_backend._trace import (
@@ -170,10 +172,20 @@ def _recording_partition(
     with _compat.FIRST_PARTITION_RNG_RULE:
         if which in _MIN_CUT_CONFIG:
             joint = _compat.inductor_joint_graph_passes(joint, joint_inputs)
+            if which == "min_cut_fusible":
+                kept = keep_ban_on_rounded_values(joint)
+                if kept:
+                    log.info(
+                        "precompile: %d value(s) round through low precision and keep "
+                        "torch's ban on recomputing them: %s",
+                        len(kept),
+                        kept,
+                    )
             with _compat.functorch_config_patch(_MIN_CUT_CONFIG[which]):
                 fw, bw = _compat.min_cut_partition()(
                     joint, joint_inputs, compiler="inductor", **kwargs
                 )
+            clear_kept_bans(joint, fw, bw)
         else:
             fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
@@ -188,12 +200,19 @@ def _recording_partition(
 def default_first_partition(
     args: Sequence[Any], kwargs: Mapping[str, Any] | None
 ) -> FirstPartitioner:
-    """``first_partition=None``: min-cut, unless an input tensor carries a chunk-dim mark (the
+    """``first_partition=None``: min-cut without torch's ban on recomputing what a backward
+    matmul reads (``"min_cut_fusible"``), unless an input tensor carries a chunk-dim mark (the
     EP chunk route, which is built and measured on ``default_partition``'s backward; see
-    :func:`precompile`)."""
+    :func:`precompile`).
+
+    Why fusible: with the ban, min-cut saves every pointwise value a backward matmul reads
+    (SwiGLU's product, a norm's output), so on torchtitan's Llama3 (4 layers, seq 1024) the
+    replay held 0.93x plain's peak; without it, 0.80x, and 0.38x against 0.57x on the kit at dim
+    1024 -- for one more write per such value in a backward kernel that reads its inputs anyway
+    (docs/architecture.md, "Why the first partition is min-cut without the ban")."""
     values = [*args, *(kwargs or {}).values()]
     marked = any(isinstance(v, torch.Tensor) and ap_epchunk.chunk_dims_of(v) for v in values)
-    return "default" if marked else "min_cut"
+    return "default" if marked else "min_cut_fusible"
 
 
 def _retraceable(compiler: Callable[..., Any], backward: bool = False) -> Callable[..., Any]:

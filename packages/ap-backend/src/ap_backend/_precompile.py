@@ -183,7 +183,7 @@ def precompile(
     MUST_RECOMPUTE (the backward re-gathers); ``False`` saves the gathered weight instead.
 
     ``first_partition`` picks the first compilation's partitioner, whose saved set the
-    backend's save-all partitioner replays. ``None`` (default) means ``"min_cut"``, except for
+    backend's save-all partitioner replays. ``None`` (default) means ``"min_cut_fusible"``, except for
     a call whose tensors carry ``ap_epchunk.mark_chunk_dim`` marks (the EP chunk route), which
     keeps ``"default"``: with min-cut's recomputation in the first backward, the chunk pass
     mis-ordered a wait on torchtitan's Qwen3-MoE with real EP (``BackendCompilerFailed``), and
