@@ -187,10 +187,11 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("ap_custom_ops", '`bucketing=BucketingConfig()` (`"custom_ops"`: flat buckets, copies)'),
     ("ap_coalesced", '`bucketing=BucketingConfig(bucket_mode="coalesced")` (the default\'s form)'),
     ("ap_full_coalesced", 'AC + `BucketingConfig(bucket_mode="coalesced")`, no overlap scheduler'),
-    # on request: the first partition without torch's ban on recomputing what a backward
-    # matmul reads (``precompile(first_partition="min_cut_fusible")``), bucketed and not
-    ("ap_fusible", '`precompile(first_partition="min_cut_fusible")` + `autoparallel_backend()`'),
-    ("ap_fusible_unbucketed", "the same, `bucketing=False`"),
+    # on request: the first partition with torch's ban on recomputing what a backward matmul
+    # reads (``precompile(first_partition="min_cut")``, the default before stop 57), bucketed
+    # and not: the default's extra backward writes against the bytes they free
+    ("ap_min_cut", '`precompile(first_partition="min_cut")` + `autoparallel_backend()`'),
+    ("ap_min_cut_unbucketed", "the same, `bucketing=False`"),
 )
 #: The issue's six rows (``ap_budget`` after ``ap_default``, whose saved bytes it halves).
 ISSUE_ROWS = ("plain", "plain_budget", "ap_default", "ap_unbucketed", "ap_budget", "ap_full")
@@ -214,8 +215,8 @@ COST = {
     "ap_prefetch": 2.0,
     "ap_full_prefetch": 2.5,
     # not measured on a GPU yet: the default's and the unbucketed row's
-    "ap_fusible": 2.0,
-    "ap_fusible_unbucketed": 1.4,
+    "ap_min_cut": 2.0,
+    "ap_min_cut_unbucketed": 1.4,
 }
 #: A warm run's seconds over its cold run's, until one warm run is measured.
 WARM_GUESS = 0.7
@@ -386,10 +387,10 @@ def _make(
     elif key == "ap_default":
         pm = precompile(model, batch)
         backend = autoparallel_backend()
-    elif key in ("ap_fusible", "ap_fusible_unbucketed"):
-        pm = precompile(model, batch, first_partition="min_cut_fusible")
-        fusible = key == "ap_fusible"
-        backend = autoparallel_backend() if fusible else autoparallel_backend(bucketing=False)
+    elif key in ("ap_min_cut", "ap_min_cut_unbucketed"):
+        pm = precompile(model, batch, first_partition="min_cut")
+        bucketed = key == "ap_min_cut"
+        backend = autoparallel_backend() if bucketed else autoparallel_backend(bucketing=False)
     elif key == "ap_custom_ops":
         pm = precompile(model, batch)
         backend = autoparallel_backend(bucketing=ap_bucketing.BucketingConfig())

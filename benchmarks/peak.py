@@ -25,9 +25,9 @@ own process so no allocator state is shared, and with its own Inductor cache unl
   ``BucketingConfig()``'s flat ``"custom_ops"`` buckets, its form before it went copy-free;
   ``ap_coalesced`` / ``ap_full_coalesced`` (on request): the copy-free bucket form named
   explicitly, without ap's schedule (rows of ``benchmarks.gpu``, like every row here);
-* ``ap_fusible`` / ``ap_fusible_unbucketed`` (on request): the default, and ``bucketing=False``,
-  on ``precompile(first_partition="min_cut_fusible")`` (min-cut without torch's ban on
-  recomputing what a backward matmul reads);
+* ``ap_min_cut`` / ``ap_min_cut_unbucketed`` (on request): the default, and ``bucketing=False``,
+  on ``precompile(first_partition="min_cut")`` (min-cut with torch's ban on recomputing what a
+  backward matmul reads, the default first partition before stop 57);
 
 plus, for torchtitan's Llama3 through the zoo's builder, ``plain``, ``ap_default`` and
 ``ap_unbucketed``; and on request (``--rows``) ap-bucketing alone on stock ``torch.compile``:
