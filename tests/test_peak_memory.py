@@ -108,3 +108,15 @@ def test_issue_42_ratios_at_the_dim_256_kit() -> None:
     assert default <= 0.9 * plain, (default, plain)
     assert default <= 1.05 * peaks["ap_unbucketed"]["peak_bytes"]
     assert peaks["ap_default"]["kernels"] <= peaks["plain"]["kernels"]
+
+
+@pytest.mark.heavy
+def test_full_configuration_at_the_dim_256_kit() -> None:
+    """The full configuration (first-compile AC, AC, bucketing, the prefetch schedule) at or
+    under 0.6x plain's peak (issue 42). It holds because the backend compiles AC graphs without
+    Inductor's buffer reuse (``ap_backend._backend.AC_INDUCTOR_PATCHES``): with reuse the last
+    layer's feed-forward buffers stayed allocated through its attention backward, to be reused
+    by the next layer's (measured 20,540,040 B, 0.70x, against 16,061,960 B, 0.54x)."""
+    peaks = _peaks("kit_256", ["plain", "ap_full_prefetch"])
+    plain = peaks["plain"]["peak_bytes"]
+    assert peaks["ap_full_prefetch"]["peak_bytes"] <= 0.6 * plain, peaks

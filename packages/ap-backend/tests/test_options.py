@@ -148,3 +148,16 @@ def test_prefetch_schedule_is_refused_with_ep_chunk() -> None:
     chunk = ap_epchunk.ChunkConfig(("layers.*.moe",), num_chunks=2)
     with pytest.raises(ValueError, match="overlap_scheduling='prefetch' with ep_chunk"):
         autoparallel_backend(ep_chunk=chunk, overlap_scheduling="prefetch")
+
+
+def test_ac_compiles_without_inductor_buffer_reuse() -> None:
+    """AC makes every layer's buffers the same sizes, and Inductor's buffer reuse then held one
+    layer's through the next one's attention backward, onto the real peak (the ``heavy``
+    ``tests/test_peak_memory.py::test_full_configuration_at_the_dim_256_kit`` measures it).
+    Without AC the backend leaves Inductor's reuse as it is."""
+    assert autoparallel_backend(enable_ac=True)._persistent_patches["allow_buffer_reuse"] is False
+    assert "allow_buffer_reuse" not in autoparallel_backend()._persistent_patches
+    assert (
+        "allow_buffer_reuse"
+        not in autoparallel_backend(overlap_scheduling=True)._persistent_patches
+    )
