@@ -181,11 +181,14 @@ def _recording_partition(
                         len(kept),
                         kept,
                     )
-            with _compat.functorch_config_patch(_MIN_CUT_CONFIG[which]):
-                fw, bw = _compat.min_cut_partition()(
-                    joint, joint_inputs, compiler="inductor", **kwargs
-                )
-            clear_kept_bans(joint, fw, bw)
+            try:
+                with _compat.functorch_config_patch(_MIN_CUT_CONFIG[which]):
+                    fw, bw = _compat.min_cut_partition()(
+                        joint, joint_inputs, compiler="inductor", **kwargs
+                    )
+            finally:
+                clear_kept_bans(joint)
+            clear_kept_bans(fw, bw)
         else:
             fw, bw = _compat.default_partition()(joint, joint_inputs, **kwargs)
     sink.append(summarize_forward_saves(fw, int(kwargs["num_fwd_outputs"])))
