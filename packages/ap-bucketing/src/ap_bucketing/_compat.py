@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 import re
 import threading
 from collections.abc import Iterable
@@ -198,6 +199,44 @@ def roofline_estimator_site() -> tuple[ModuleType, str]:
         if hasattr(module(OVERLAP_MODULE), "estimate_runtime_analytical"):
             return _site(OVERLAP_MODULE, "estimate_runtime_analytical")
     return _site(OVERLAP_MODULE, "estimate_roofline_runtime_ms")
+
+
+#: Where torch's overlap scheduler formats its table of compute-node estimations.
+ESTIMATION_MODULE = "torch._inductor.fx_passes.node_runtime_estimation"
+#: The logger whose handlers decide whether ``trace_structured`` writes anything.
+TRACE_LOGGER = "torch.__trace"
+
+
+def compute_estimations_log_site() -> tuple[ModuleType, str] | None:
+    """``node_runtime_estimation._log_compute_estimations`` (the overlap scheduler imports it
+    by name at each call), or ``None`` on a torch whose scheduler builds no such table: there
+    is nothing to skip, so its absence is not an error."""
+    try:
+        found = importlib.import_module(ESTIMATION_MODULE)
+    except ImportError:
+        return None
+    name = "_log_compute_estimations"
+    return (found, name) if callable(getattr(found, name, None)) else None
+
+
+def structured_trace_writes() -> bool:
+    """Would ``torch._logging.trace_structured`` write an artifact now (``TORCH_TRACE`` on)?
+
+    Any handler on torch's trace logger counts, except torch's own ``LazyTraceHandler`` where it
+    will remove itself at its first record without writing (an open-source build, no
+    ``TORCH_TRACE`` directory: the rule its ``emit`` applies). The same rule as ap-backend's
+    (ap-bucketing depends on torch only, so it keeps its own copy)."""
+    return any(_trace_handler_writes(h) for h in logging.getLogger(TRACE_LOGGER).handlers)
+
+
+def _trace_handler_writes(handler: logging.Handler) -> bool:
+    if type(handler).__name__ != "LazyTraceHandler":
+        return True
+    if getattr(handler, "stream", None) is not None or getattr(handler, "root_dir", None):
+        return True
+    import torch.version
+
+    return not (hasattr(torch.version, "git_version") and os.getenv("MAST_HPC_JOB_NAME") is None)
 
 
 # --------------------------------------------------------------------------- functions

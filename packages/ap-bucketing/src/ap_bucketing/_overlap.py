@@ -29,6 +29,7 @@ from ._coalesced import cap_fn as coalesced_cap_fn
 from ._config import COALESCED, BucketingConfig, resolve_config
 from ._contiguous import contiguous_bucket_inputs
 from ._cpu_estimation import cpu_overlap_estimators, cpu_runtime_estimation, default_cpu
+from ._estimation_log import estimation_log_only_when_traced
 from ._groups import primary_fsdp_groups
 from ._hazards import (
     HazardCycle,
@@ -209,7 +210,12 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         excluded = _reading_written_storage(graph)
         window_groups: set[Hashable] = set()
         candidates: set[fx.Node] = set()
-        with patched(self.config), cpu_overlap_estimators(self.cpu), excluding(excluded):
+        with (
+            patched(self.config),
+            cpu_overlap_estimators(self.cpu),
+            estimation_log_only_when_traced(),
+            excluding(excluded),
+        ):
             kwargs = self.schedule_kwargs()
             pre_bucket = _compat.pre_bucket_fsdp_collectives()
             if kwargs.pop("pre_bucketing_fsdp_collectives"):
