@@ -31,6 +31,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,30 @@ def _command(model: str, pipeline: str, mode: str) -> str:
 
 
 _runs: dict[tuple[str, str, str], dict[tuple[int, int], dict[str, Any]]] = {}
+
+
+def test_a_finished_rank_exits_zero_without_interpreter_finalization() -> None:
+    """``python -m zoo.graph_trainer`` leaves through ``_exit_without_finalization`` once the
+    trainer returned: status 0, what it printed and logged flushed, no finalization (no
+    ``atexit`` handler runs). A rank's finalization once aborted in torch's C++ destructors
+    after "Training completed" and "Process group destroyed" (``terminate called without an
+    active exception``), and torchrun failed the job."""
+    code = (
+        "import atexit, logging, sys\n"
+        "from zoo.graph_trainer import _exit_without_finalization\n"
+        "atexit.register(lambda: print('finalized', flush=True))\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+        "logging.getLogger('rank').info('trained')\n"
+        "print('done', end='')\n"
+        "_exit_without_finalization()\n"
+        "print('after')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done"  # flushed before the exit; nothing after it, no atexit
+    assert "trained" in proc.stderr
 
 
 def train(model: str, pipeline: str, mode: str = "regional") -> dict[tuple[int, int], Any]:
