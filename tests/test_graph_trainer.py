@@ -93,26 +93,31 @@ def _command(model: str, pipeline: str, mode: str) -> str:
 _runs: dict[tuple[str, str, str], dict[tuple[int, int], dict[str, Any]]] = {}
 
 
-def test_a_finished_rank_exits_zero_without_interpreter_finalization() -> None:
-    """``python -m zoo.graph_trainer`` leaves through ``_exit_without_finalization`` once the
-    trainer returned: status 0, what it printed and logged flushed, no finalization (no
-    ``atexit`` handler runs). A rank's finalization once aborted in torch's C++ destructors
-    after "Training completed" and "Process group destroyed" (``terminate called without an
-    active exception``), and torchrun failed the job."""
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_finished_rank_exits_with_its_status_without_interpreter_finalization(
+    status: int,
+) -> None:
+    """The zoo's torchrun entry points (``python -m zoo.graph_trainer``, ``zoo.torchrun``,
+    ``zoo.meshes``) leave through ``zoo.teardown.exit_without_finalization`` once their job
+    returned: the job's status, what they printed and logged flushed, no finalization (no
+    ``atexit`` handler runs). A rank's
+    finalization once aborted in torch's C++ destructors after "Training completed" and
+    "Process group destroyed" (``terminate called without an active exception``), and
+    torchrun failed the job."""
     code = (
         "import atexit, logging, sys\n"
-        "from zoo.graph_trainer import _exit_without_finalization\n"
+        "from zoo.teardown import exit_without_finalization\n"
         "atexit.register(lambda: print('finalized', flush=True))\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
         "logging.getLogger('rank').info('trained')\n"
         "print('done', end='')\n"
-        "_exit_without_finalization()\n"
+        f"exit_without_finalization({status})\n"
         "print('after')\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == status, proc.stderr
     assert proc.stdout == "done"  # flushed before the exit; nothing after it, no atexit
     assert "trained" in proc.stderr
 

@@ -350,28 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     torchtitan.train.main()
 
 
-def _exit_without_finalization() -> None:
-    """Exit 0 once :func:`main` (``torchtitan.train.main()``) has returned, without the
-    interpreter's finalization (``python -m zoo.graph_trainer`` only: an in-process caller of
-    :func:`main` keeps its interpreter).
-
-    Why: the trainer has finished by then (its process groups destroyed, the gradient dumps
-    written synchronously by :func:`dump_gradients`), but a rank's interpreter teardown can
-    still abort in torch's C++ destructors. Seen once under a loaded 2-core machine
-    (``tests/test_graph_trainer.py``, 2026-12-01): both ranks logged "Training completed" and
-    "Process group destroyed", then rank 1 died with ``terminate called without an active
-    exception`` / ``Fatal Python error: Aborted`` (a joinable ``std::thread`` destroyed during
-    finalization), and torchrun failed the job. Skipping finalization after a successful run
-    keeps that teardown race from failing a job whose results are complete; an exception from
-    the trainer still propagates with Python's own exit status."""
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 if __name__ == "__main__":
+    from zoo.teardown import exit_without_finalization
+
     main()
-    _exit_without_finalization()
+    exit_without_finalization(0)

@@ -344,4 +344,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    status = main()
+    if _under_torchrun():  # a rank torchrun started: see zoo.teardown
+        from zoo.teardown import exit_without_finalization
+
+        exit_without_finalization(status)
+    raise SystemExit(status)

@@ -27,7 +27,6 @@ os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import argparse  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from typing import Any  # noqa: E402
@@ -139,4 +138,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from zoo.teardown import exit_without_finalization
+
+    exit_without_finalization(main())
