@@ -11,15 +11,14 @@ nominal bandwidth: deterministic and order-preserving, not a prediction), and
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 import torch.fx as fx
 
 from . import _compat
 from ._checks import require_bool, require_node
+from ._scoped import ScopedReplacement
 from ._sizes import hint_int
 
 __all__ = ["cpu_overlap_estimators", "cpu_runtime_estimation", "default_cpu"]
@@ -50,9 +49,7 @@ def _cpu_roofline_ms(node: fx.Node) -> float:
     return cpu_runtime_estimation(node, None)
 
 
-_estimator_lock = threading.Lock()
-_estimator_depth = 0
-_estimator_original: Any = None
+_ROOFLINE = ScopedReplacement(_compat.roofline_estimator_site, _cpu_roofline_ms)
 
 
 @contextlib.contextmanager
@@ -65,26 +62,12 @@ def cpu_overlap_estimators(enabled: bool = True) -> Iterator[None]:
     warnings per compute node ("No accelerator available for ... estimation"), thousands per
     compile, so it is replaced there too.
     """
-    global _estimator_depth, _estimator_original
     require_bool(enabled, where="cpu_overlap_estimators", arg="enabled")
     if not enabled:
         yield
         return
-    mod, name = _compat.roofline_estimator_site()
-    with _estimator_lock:
-        if _estimator_depth == 0:
-            _estimator_original = getattr(mod, name)
-            setattr(mod, name, _cpu_roofline_ms)
-        _estimator_depth += 1
-    try:
+    with _ROOFLINE.block():
         yield
-    finally:
-        with _estimator_lock:
-            _estimator_depth -= 1
-            if _estimator_depth == 0:
-                if getattr(mod, name) is _cpu_roofline_ms:
-                    setattr(mod, name, _estimator_original)
-                _estimator_original = None
 
 
 def default_cpu() -> bool:

@@ -10,55 +10,33 @@ unless a ``TORCH_TRACE`` handler writes. Nothing else reads it. On the model kit
 
 :func:`estimation_log_only_when_traced` replaces it for a block with a wrapper that calls the
 original only while a structured trace writes (so ``tlparse`` still shows the table) and puts
-the exact original back on exit. Nestable and thread-safe, like ``cpu_overlap_estimators``.
+the exact original back on exit (``_scoped.ScopedReplacement``, as ``cpu_overlap_estimators``).
 A torch without the function has nothing to skip: the block then changes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from . import _compat
+from ._scoped import ScopedReplacement
 
 __all__ = ["estimation_log_only_when_traced"]
-
-_lock = threading.Lock()
-_depth = 0
-_original: Any = None
 
 
 def _log_when_traced(*args: Any, **kwargs: Any) -> Any:
     """Stands in for torch's table builder: the original's work only when it will be written."""
-    original = _original
+    original = _TABLE.original
     if original is None or not _compat.structured_trace_writes():
         return None
     return original(*args, **kwargs)
 
 
-@contextlib.contextmanager
-def estimation_log_only_when_traced() -> Iterator[None]:
+_TABLE = ScopedReplacement(_compat.compute_estimations_log_site, _log_when_traced)
+
+
+def estimation_log_only_when_traced() -> contextlib.AbstractContextManager[None]:
     """Within the block, torch's overlap scheduler builds its estimation table only while a
     structured trace writes it (see the module docstring)."""
-    global _depth, _original
-    site = _compat.compute_estimations_log_site()
-    if site is None:
-        yield
-        return
-    mod, name = site
-    with _lock:
-        if _depth == 0:
-            _original = getattr(mod, name)
-            setattr(mod, name, _log_when_traced)
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                if getattr(mod, name) is _log_when_traced:
-                    setattr(mod, name, _original)
-                _original = None
+    return _TABLE.block()
