@@ -100,10 +100,9 @@ def test_a_finished_rank_exits_with_its_status_without_interpreter_finalization(
     """The zoo's torchrun entry points (``python -m zoo.graph_trainer``, ``zoo.torchrun``,
     ``zoo.meshes``) leave through ``zoo.teardown.exit_without_finalization`` once their job
     returned: the job's status, what they printed and logged flushed, no finalization (no
-    ``atexit`` handler runs). A rank's
-    finalization once aborted in torch's C++ destructors after "Training completed" and
-    "Process group destroyed" (``terminate called without an active exception``), and
-    torchrun failed the job."""
+    ``atexit`` handler runs). A rank's finalization once aborted in torch's C++ destructors
+    after "Training completed" and "Process group destroyed" (``terminate called without an
+    active exception``), and torchrun failed the job."""
     code = (
         "import atexit, logging, sys\n"
         "from zoo.teardown import exit_without_finalization\n"

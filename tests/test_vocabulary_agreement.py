@@ -13,6 +13,9 @@ the few concepts it needs (``docs/architecture.md``, "Shared vocabulary and conv
 * argument-check messages (``_checks``) vs ``ap_tags.checks``;
 * "this op's output is a view of its input" (``_hazards.is_view``, which keeps reads of an
   ``out=`` buffer after its write) vs ``ap_tags.graph.aliases_input``.
+* "a structured trace writes now" (``_compat.structured_trace_writes``, which decides whether
+  torch's scheduler builds its estimation table) vs ap-backend's ``_compat.structured_tracing``
+  (which decides whether the backend builds its artifacts' text).
 
 Each test compares both sides on the same input, so a change to either side that makes them
 disagree fails here.
@@ -319,3 +322,36 @@ def test_good_arguments_pass_through_alike() -> None:
     assert checks.require_int(0, where="w", arg="a", minimum=0) == 0
     assert _checks.require_callable(None, where="w", arg="a", optional=True) is None
     assert checks.require_callable(None, where="w", arg="a", optional=True) is None
+
+
+class _Collecting(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "handlers",
+    [
+        lambda: [],
+        lambda: [_lazy_trace_handler(None)],
+        lambda: [_lazy_trace_handler("/tmp/ap-some-trace-dir")],
+        lambda: [_Collecting()],
+        lambda: [_lazy_trace_handler(None), _Collecting()],
+    ],
+    ids=["none", "lazy_without_dir", "lazy_with_dir", "other", "lazy_and_other"],
+)
+def test_structured_trace_rules_agree(
+    handlers: Callable[[], list[logging.Handler]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ap_backend import _compat as backend_compat
+
+    monkeypatch.delenv("MAST_HPC_JOB_NAME", raising=False)
+    monkeypatch.setattr(logging.getLogger(_compat.TRACE_LOGGER), "handlers", handlers())
+    assert _compat.structured_trace_writes() == backend_compat.structured_tracing()
+
+
+def _lazy_trace_handler(root_dir: str | None) -> logging.Handler:
+    from torch._logging._internal import LazyTraceHandler
+
+    handler: logging.Handler = LazyTraceHandler(root_dir)
+    return handler
