@@ -262,6 +262,26 @@ def test_a_property_shadowing_a_parameter_reads_the_stored_parameter() -> None:
     assert model[0]._parameters["weight"].grad is not None
 
 
+def test_a_dtensor_context_flattened_as_torch_2_11_does_reads_as_its_placements() -> None:
+    """torch 2.11 flattens a DTensor's context as ``(DTensorSpec, requires_grad)``, whose repr
+    leads with the mesh (the matrix cell of ap-backend on 2.11 printed the whole spec); the
+    message shows its placements and tensor metadata as 2.15's flattening does."""
+    from ap_backend._signature import _describe_leaf
+    from ap_testing.distributed import single_rank_gloo
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    with single_rank_gloo():
+        mesh = init_device_mesh("cpu", (1,))
+        meta = TensorMeta(torch.Size([4, 16]), (16, 1), torch.float32)
+        spec = DTensorSpec(mesh, (Shard(0),), tensor_meta=meta)
+        subclass = ("torch.distributed.tensor.DTensor", (spec, False), ())
+        text = _describe_leaf(("tensor", (4, 16), (16, 1), "torch.float32", "cpu", False, subclass))
+    assert text.startswith(f"DTensor ((Shard(dim=0),), {meta!r}, False) (4, 16) float32 on cpu")
+    assert "DeviceMesh" not in text
+
+
 def test_a_dtensor_arguments_placements_are_part_of_the_signature() -> None:
     """A first compilation traced for a ``Shard(0)`` DTensor argument rebuilds its outputs and
     gradients with the placements it traced; a call with the same global shape placed

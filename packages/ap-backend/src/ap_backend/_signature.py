@@ -82,12 +82,36 @@ def _leaf_key(leaf: object) -> tuple[Any, ...]:
     return ("value", type(leaf).__qualname__, leaf)
 
 
+def _describe_context(ctx: object) -> str:
+    """A subclass's ``__tensor_flatten__`` context as a message shows it, the same on every
+    torch: a DTensor spec in it reads as its placements and tensor metadata.
+
+    Why: torch 2.11 flattens a DTensor's context as ``(DTensorSpec, requires_grad)`` -- the
+    spec's repr leads with the device mesh and buries the placements, which are what a
+    mismatch message is about -- where torch 2.15 flattens ``(placements, tensor_meta,
+    shard_order, requires_grad)``. The key itself keeps the context as flattened."""
+    if not isinstance(ctx, tuple):
+        return repr(ctx)
+    parts: list[str] = []
+    for item in ctx:
+        placements = getattr(item, "placements", None)
+        if isinstance(placements, tuple) and hasattr(item, "tensor_meta"):
+            parts += [repr(placements), repr(item.tensor_meta)]
+        else:
+            parts.append(repr(item))
+    return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+
+
 def _describe_leaf(key: tuple[Any, ...]) -> str:
     if key[0] == "tensor":
         _, shape, stride, dtype, device, requires_grad, subclass = key
         grad = ", requires_grad" if requires_grad else ""
         # a subclass's type and context (a DTensor's placements), when it has them
-        kind = f"{subclass[0].rsplit('.', 1)[-1]} {subclass[1]!r} " if subclass else "tensor "
+        kind = (
+            f"{subclass[0].rsplit('.', 1)[-1]} {_describe_context(subclass[1])} "
+            if subclass
+            else "tensor "
+        )
         return f"{kind}{tuple(shape)} {dtype.replace('torch.', '')} on {device}{grad} (strides {stride})"
     if key[0] == "value":
         return f"{key[1]} {key[2]!r}"
