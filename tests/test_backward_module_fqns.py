@@ -77,10 +77,13 @@ def _collective_names() -> Iterator[dict[bool, Names]]:
 
 
 def _compile(
-    model: torch.nn.Module, batch: tuple[Any, ...], inner: torch.nn.Module | None = None
+    model: torch.nn.Module,
+    batch: tuple[Any, ...],
+    inner: torch.nn.Module | None = None,
+    **options: Any,
 ) -> tuple[dict[bool, Names], list[BucketingStats], AutoParallelBackend]:
-    """One training step's compile with the default backend (fake PG): the collectives' names,
-    the bucketing stats and the backend."""
+    """One training step's compile with the default backend (or ``autoparallel_backend(
+    **options)``; fake PG): the collectives' names, the bucketing stats and the backend."""
     torch.compiler.reset()
     with contextlib.ExitStack() as stack:
         seen = stack.enter_context(_collective_names())
@@ -91,7 +94,9 @@ def _compile(
 
                 tracing.enter_context(annotate_module_fqns(inner))
             pm = precompile(model, batch)
-        backend = autoparallel_backend()
+        if options.get("activation_budget_bytes") == "half":
+            options["activation_budget_bytes"] = pm.first_partition.nbytes // 2
+        backend = autoparallel_backend(**options)
         torch.compile(pm, backend=backend)(*batch).backward()
     return seen, stats, backend
 
@@ -136,6 +141,32 @@ def test_model_kit_gradients_name_their_parameters_module(world: None) -> None:
     seen, stats, backend = _compile(model, model.example_batch(0, 0))
     blocks = {"tok_embeddings", "layers.0", "layers.1", "norm", "output"}
     _assert_each_gradient_names_its_parameters_module(seen, stats, blocks)
+    assert [c["module_fqns_lost"] for c in backend.inner_compiles] == [0, 0]
+
+
+def test_an_activation_budgets_backward_gathers_each_weight_once_under_its_module(
+    world: None,
+) -> None:
+    """With an activation budget the second partition recomputes activations in the backward,
+    re-running the forward all-gathers they read. Before: the backward gathered 9 of the kit's
+    21 weights twice (the recompute's gather beside the backward's own re-gather; 30 in all:
+    ``ap_partitioner._regathers`` now merges them), and the backend warned that the recomputed
+    ``norm`` / ``output`` / ``tok_embeddings`` gathers had lost their module name -- they carry
+    their own (``partitioner_tag "is_forward"``; torch marks every backward-graph node
+    ``autograd_backward``)."""
+    from ap_backend.models import ModelConfig, Sharding, Transformer
+
+    model = Transformer(ModelConfig(dim=64, n_layers=2, seq_len=64), Sharding.from_world())
+    seen, stats, backend = _compile(
+        model, model.example_batch(0, 0), activation_budget_bytes="half"
+    )
+    forward = sorted(f for kind, f, _ in seen[False] if kind == "all_gather_into_tensor")
+    backward = sorted(f for kind, f, _ in seen[True] if kind == "all_gather_into_tensor")
+    assert len(forward) == len(set(forward)) == 21, forward  # one module per weight
+    assert backward == forward  # every weight once (the default's backward skips the embedding)
+    _assert_each_gradient_names_its_parameters_module(
+        seen, stats, {"tok_embeddings", "layers.0", "layers.1", "norm", "output"}
+    )
     assert [c["module_fqns_lost"] for c in backend.inner_compiles] == [0, 0]
 
 

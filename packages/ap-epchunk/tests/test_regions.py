@@ -134,3 +134,24 @@ def test_backward_module_fqns_lost_lists_backward_collectives_without_their_stam
     assert backward_module_fqns_lost(g) == [lost.name]
     lost.meta["custom"] = {"module_fqn": "tok_embeddings", "ap_chunk_backward_fqn": "layers.1"}
     assert backward_module_fqns_lost(g) == []
+
+
+def test_a_forward_gather_the_partition_recomputed_in_the_backward_is_not_lost() -> None:
+    """The second partition of an activation budget re-issued forward all-gathers in its
+    backward graph (the kit's ``norm`` / ``output`` / ``tok_embeddings`` weights): torch marks
+    them ``autograd_backward`` with the rest of the graph, they keep ``partitioner_tag
+    "is_forward"`` and their own module. The backend warned they had lost their module name."""
+    import torch
+    from ap_epchunk import backward_module_fqns_lost
+
+    c10d = torch.ops._c10d_functional
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    regathered = g.call_function(c10d.all_gather_into_tensor.default, (x, 8, "0"))
+    lost = g.call_function(c10d.reduce_scatter_tensor.default, (regathered, "sum", 8, "0"))
+    g.output(lost)
+    regathered.meta.update(
+        partitioner_tag="is_forward", autograd_backward=True, custom={"module_fqn": "norm"}
+    )
+    lost.meta.update(autograd_backward=True, custom={"module_fqn": "tok_embeddings"})
+    assert backward_module_fqns_lost(g) == [lost.name]

@@ -173,12 +173,19 @@ def backward_module_fqns_lost(graph: torch.fx.Graph) -> list[str]:
     stamp every backward collective, each one listed lost its stamp to torch's
     forward-to-backward metadata copy (it replaces ``custom`` on torch 2.11) and names the
     first forward op's module instead of its own: :func:`restore_backward_module_fqns` has
-    nothing to put back for it. Empty when nothing was lost."""
+    nothing to put back for it. Empty when nothing was lost.
+
+    A forward op this graph's own partition recomputed in the backward (``partitioner_tag``
+    ``"is_forward"``: a forward all-gather an activation budget or AC re-issues there) is not
+    listed: torch's extraction marks every node of a backward graph ``autograd_backward``, but
+    such a copy carries its forward node's metadata, which the forward-to-backward copy never
+    rewrites -- its ``module_fqn`` is its own module."""
     return [
         node.name
         for node in graph.nodes
         if node.op == "call_function"
         and is_backward_node(node)
+        and node.meta.get("partitioner_tag") not in _FORWARD_TAGS
         and is_collective(node)
         and _stamped_fqn(node) is None
         and _custom_fqn(node) is not None

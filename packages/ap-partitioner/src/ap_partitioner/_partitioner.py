@@ -45,6 +45,7 @@ from ap_partitioner._prologue import (
     run_prologue,
     save_effectful_instead_of_recompute,
 )
+from ap_partitioner._regathers import merge_repeated_gathers
 from ap_partitioner._report import (
     PartitionReport,
     ReportCallback,
@@ -252,10 +253,16 @@ class SaveAllPartitioner(_ReportingPartitioner):
             reason = self._missing_reason(pro.module, missing)
             return self._fallback(working_copy(gm), call, reason, missing, notes)
         try:
-            fw, bw = self._extract(pro, plan, info, num_fwd_outputs)
+            fw, bw, merged = self._extract(pro, plan, info, num_fwd_outputs)
         except Exception as exc:  # torch's extraction refuses the cut: same policy as missing
             reason = f"extraction of the replayed cut failed: {type(exc).__name__}: {exc}"
             return self._fallback(working_copy(gm), call, reason, [], notes, cause=exc)
+        if merged:
+            notes = (
+                *notes,
+                f"{len(merged)} repeated all-gather(s) of the backward merged into the earlier "
+                f"gather of the same weight: {', '.join(merged)}",
+            )
         dropped = {
             "dropped_first_saves": replayed.dropped,
             "dropped_first_saves_why": replayed.dropped_why,
@@ -274,7 +281,12 @@ class SaveAllPartitioner(_ReportingPartitioner):
         return reason
 
     @staticmethod
-    def _extract(pro: Prologue, plan: SavePlan, info: Any, num_fwd_outputs: int) -> Partition:
+    def _extract(
+        pro: Prologue, plan: SavePlan, info: Any, num_fwd_outputs: int
+    ) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
+        """The partition of ``plan``, and the backward all-gathers merged into an earlier one
+        (a recomputation's re-gather of a weight the backward gathers anyway:
+        :mod:`ap_partitioner._regathers`), before the epilogue orders the backward."""
         sym_nodes = list(plan.sym_nodes)  # torch mutates it to the symbols actually saved
         fw, bw = _compat.extract_fwd_bwd_modules(
             pro.module,
@@ -284,7 +296,9 @@ class SaveAllPartitioner(_ReportingPartitioner):
             num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_nodes=info.static_lifetime_input_nodes,
         )
-        return run_epilogue(pro, fw, bw, len(sym_nodes))
+        merged = merge_repeated_gathers(bw.graph)
+        fw, bw = run_epilogue(pro, fw, bw, len(sym_nodes))
+        return fw, bw, merged
 
     def _fallback(
         self,
