@@ -223,6 +223,15 @@ def wait_ops() -> tuple[Any, ...]:
     return tuple(found)
 
 
+def c10d_functional_op(name: str) -> Any:
+    """``_c10d_functional.<name>.default``, or ``None`` on a torch built without distributed or
+    without that op (the gather merge then has nothing to merge)."""
+    if not torch.distributed.is_available():
+        return None
+    packet = getattr(torch.ops._c10d_functional, name, None)
+    return getattr(packet, "default", None)
+
+
 def side_effect_registry() -> set[Any]:
     """``torch.fx.node._side_effectful_functions``: the ops ``Node.is_impure`` keeps alive.
 

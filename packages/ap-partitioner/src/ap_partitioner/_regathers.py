@@ -28,15 +28,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ap_partitioner import _compat
+
 __all__ = ["merge_repeated_gathers"]
-
-
-def _c10d_op(name: str) -> Any:
-    """``_c10d_functional.<name>.default``, or ``None`` on a torch built without it."""
-    try:
-        return getattr(torch.ops._c10d_functional, name).default
-    except (AttributeError, RuntimeError):
-        return None
 
 
 @functools.cache
@@ -59,7 +53,10 @@ def _chain_ops() -> frozenset[Any]:
         aten.clone.default,
         operator.getitem,
     }
-    collectives = {_c10d_op("all_gather_into_tensor"), _c10d_op("wait_tensor")}
+    collectives = {
+        _compat.c10d_functional_op("all_gather_into_tensor"),
+        _compat.c10d_functional_op("wait_tensor"),
+    }
     return frozenset(ops | (collectives - {None}))
 
 
@@ -93,7 +90,7 @@ def merge_repeated_gathers(graph: fx.Graph) -> list[str]:
     """Merge every gather chain of ``graph`` that repeats an earlier one (same input, same ops,
     same arguments) into the earlier one, and erase the nodes only the repeats read. Returns
     the names of the all-gathers removed, in graph order (empty: the graph is unchanged)."""
-    gather = _c10d_op("all_gather_into_tensor")
+    gather = _compat.c10d_functional_op("all_gather_into_tensor")
     chain_ops = _chain_ops()
     if gather is None:
         return []
