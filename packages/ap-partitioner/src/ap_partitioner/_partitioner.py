@@ -24,6 +24,7 @@ from typing import Any
 import ap_tags
 import torch.fx as fx
 from ap_tags.checks import require_bool, require_callable, require_graph_module, require_int
+from ap_tags.graph import backward_nodes, is_all_gather
 from ap_tags.scoped import paused_gc
 
 from ap_partitioner import _compat
@@ -45,7 +46,7 @@ from ap_partitioner._prologue import (
     run_prologue,
     save_effectful_instead_of_recompute,
 )
-from ap_partitioner._regathers import merge_repeated_gathers
+from ap_partitioner._regathers import merge_recomputed_gathers
 from ap_partitioner._report import (
     PartitionReport,
     ReportCallback,
@@ -286,8 +287,9 @@ class SaveAllPartitioner(_ReportingPartitioner):
     ) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
         """The partition of ``plan``, and the backward all-gathers merged into an earlier one
         (a recomputation's re-gather of a weight the backward gathers anyway:
-        :mod:`ap_partitioner._regathers`), before the epilogue orders the backward."""
+        :mod:`ap_partitioner._regathers`), on the backward's final order."""
         sym_nodes = list(plan.sym_nodes)  # torch mutates it to the symbols actually saved
+        own = {n.name for n in backward_nodes(pro.module.graph) if is_all_gather(n)}
         fw, bw = _compat.extract_fwd_bwd_modules(
             pro.module,
             plan.values,
@@ -296,8 +298,10 @@ class SaveAllPartitioner(_ReportingPartitioner):
             num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_nodes=info.static_lifetime_input_nodes,
         )
-        merged = merge_repeated_gathers(bw.graph)
         fw, bw = run_epilogue(pro, fw, bw, len(sym_nodes))
+        merged = merge_recomputed_gathers(bw.graph, own)
+        if merged:
+            bw.recompile()  # lazy where the extraction's module is: code generated when needed
         return fw, bw, merged
 
     def _fallback(
