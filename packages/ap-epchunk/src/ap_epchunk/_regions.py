@@ -179,7 +179,10 @@ def backward_module_fqns_lost(graph: torch.fx.Graph) -> list[str]:
     ``"is_forward"``: a forward all-gather an activation budget or AC re-issues there) is not
     listed: torch's extraction marks every node of a backward graph ``autograd_backward``, but
     such a copy carries its forward node's metadata, which the forward-to-backward copy never
-    rewrites -- its ``module_fqn`` is its own module."""
+    rewrites -- its ``module_fqn`` is its own module. The first compilation's own re-gathers
+    carry that tag too (they were recomputed forward ops there), so a stamp lost on one of them
+    is not listed; torch's copy rewrites every backward node at once, so such a loss still
+    shows on the gradient reduce-scatters, which are backward ops."""
     return [
         node.name
         for node in graph.nodes

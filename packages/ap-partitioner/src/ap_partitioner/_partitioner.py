@@ -289,7 +289,6 @@ class SaveAllPartitioner(_ReportingPartitioner):
         (a recomputation's re-gather of a weight the backward gathers anyway:
         :mod:`ap_partitioner._regathers`), on the backward's final order."""
         sym_nodes = list(plan.sym_nodes)  # torch mutates it to the symbols actually saved
-        own = {n.name for n in backward_nodes(pro.module.graph) if is_all_gather(n)}
         fw, bw = _compat.extract_fwd_bwd_modules(
             pro.module,
             plan.values,
@@ -299,7 +298,10 @@ class SaveAllPartitioner(_ReportingPartitioner):
             static_lifetime_input_nodes=info.static_lifetime_input_nodes,
         )
         fw, bw = run_epilogue(pro, fw, bw, len(sym_nodes))
-        merged = merge_recomputed_gathers(bw.graph, own)
+        joint = pro.module.graph
+        merged = merge_recomputed_gathers(
+            bw.graph, lambda: {n.name for n in backward_nodes(joint) if is_all_gather(n)}
+        )
         if merged:
             bw.recompile()  # lazy where the extraction's module is: code generated when needed
         return fw, bw, merged

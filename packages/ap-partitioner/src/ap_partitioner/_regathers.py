@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -59,11 +59,8 @@ def _chain_ops() -> frozenset[Any]:
         aten.clone.default,
         operator.getitem,
     }
-    collectives = {
-        _compat.c10d_functional_op("all_gather_into_tensor"),
-        _compat.c10d_functional_op("wait_tensor"),
-    }
-    return frozenset(ops | (collectives - {None}))
+    gather = _compat.c10d_functional_op("all_gather_into_tensor")
+    return frozenset(ops | set(_compat.wait_ops()) | ({gather} - {None}))
 
 
 def _frozen(value: Any, keys: Mapping[fx.Node, Key]) -> Any:
@@ -108,24 +105,16 @@ def _chain_keys(graph: fx.Graph) -> dict[fx.Node, Key]:
 
 
 def _pairs(
-    gathers: list[fx.Node],
-    own: Collection[str],
-    keys: Mapping[fx.Node, Key],
-    order: Mapping[fx.Node, int],
+    groups: list[list[fx.Node]], own: Collection[str], order: Mapping[fx.Node, int]
 ) -> dict[fx.Node, fx.Node]:
-    """``{gather merged away: gather kept}``. Each recomputed gather (not in ``own``) picks the
-    nearest backward gather of its key; a backward gather and the recomputed ones that picked it become one,
-    the earliest of them kept. Two backward gathers never share a group."""
-    groups: dict[Key, list[fx.Node]] = {}
-    for node in gathers:
-        if node in keys:
-            groups.setdefault(keys[node], []).append(node)
+    """``{gather merged away: gather kept}`` over groups of equal gathers. Each recomputed
+    gather (not in ``own``) picks the nearest backward gather of its group; a backward gather
+    and the recomputed ones that picked it become one, the earliest of them kept. Two backward
+    gathers never share one."""
     picked: dict[fx.Node, list[fx.Node]] = {}  # a backward gather: the recomputed ones it serves
-    for members in groups.values():
+    for members in groups:
         backward = [n for n in members if n.name in own]
-        for node in members if backward else ():
-            if node.name in own:
-                continue
+        for node in (n for n in members if n.name not in own) if backward else ():
             partner = min(backward, key=lambda o: (abs(order[o] - order[node]), order[o]))
             picked.setdefault(partner, []).append(node)
     into: dict[fx.Node, fx.Node] = {}
@@ -172,22 +161,30 @@ def _fold(
         dead += [i for i in inputs if i.op == "call_function" and i in keys and not i.users]
 
 
-def merge_recomputed_gathers(graph: fx.Graph, own: Collection[str]) -> list[str]:
+def merge_recomputed_gathers(
+    graph: fx.Graph, own: Collection[str] | Callable[[], Collection[str]]
+) -> list[str]:
     """Merge each recomputed all-gather chain of the backward graph ``graph`` with the nearest
     backward chain that gathers the same value (see the module docstring). ``own``: the names
     of the all-gathers the joint graph runs in its backward (the first compilation's
-    re-gathers; extraction keeps node names); every other all-gather of ``graph`` is a forward
-    one the partition recomputed. Returns the names of the all-gathers removed, in graph order
-    (empty: the graph is unchanged)."""
+    re-gathers; extraction keeps node names), or a function giving them, called only when some
+    value is gathered twice; every other all-gather of ``graph`` is a forward one the
+    partition recomputed. Returns the names of the all-gathers removed, in graph order (empty:
+    the graph is unchanged)."""
     gather = _compat.c10d_functional_op("all_gather_into_tensor")
-    if gather is None:
-        return []
-    gathers = list(graph.find_nodes(op="call_function", target=gather))
-    if all(n.name in own for n in gathers):
+    gathers = [] if gather is None else graph.find_nodes(op="call_function", target=gather)
+    if len(gathers) < 2:
         return []
     keys = _chain_keys(graph)
+    by_key: dict[Key, list[fx.Node]] = {}
+    for node in gathers:
+        if node in keys:
+            by_key.setdefault(keys[node], []).append(node)
+    groups = [members for members in by_key.values() if len(members) > 1]
+    if not groups:  # every value gathered once: the joint's backward set is not needed
+        return []
     order = {node: i for i, node in enumerate(graph.nodes)}
-    into = _pairs(gathers, own, keys, order)
+    into = _pairs(groups, own() if callable(own) else own, order)
     for away in sorted(into, key=order.__getitem__):
         _fold(into[away], away, keys, order)
     return [n.name for n in sorted(into, key=order.__getitem__)]
