@@ -114,7 +114,9 @@ def _pairs(
     picked: dict[fx.Node, list[fx.Node]] = {}  # a backward gather: the recomputed ones it serves
     for members in groups:
         backward = [n for n in members if n.name in own]
-        for node in (n for n in members if n.name not in own) if backward else ():
+        if not backward:  # only recomputed gathers of this value: none is the backward's own
+            continue
+        for node in (n for n in members if n.name not in own):
             partner = min(backward, key=lambda o: (abs(order[o] - order[node]), order[o]))
             picked.setdefault(partner, []).append(node)
     into: dict[fx.Node, fx.Node] = {}
