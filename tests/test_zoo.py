@@ -227,6 +227,29 @@ def test_real_expert_parallelism_chunks_through_precompile_and_the_backend() -> 
     assert res.grad_rel_eager is not None and res.grad_rel_eager <= 1e-4
     assert res.loss_rel_eager_chunked is not None and res.loss_rel_eager_chunked <= FP32_RTOL
     assert res.grad_rel_eager_chunked is not None and res.grad_rel_eager_chunked <= 1e-4
+    # the default with ep_chunk and no overlap scheduler does not bucket (bucketing="auto")
+    assert res.buckets is None
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_real_expert_parallelism_chunks_with_bucketing_and_no_overlap_scheduler() -> None:
+    """``bucketing=True`` beside ``ep_chunk`` without the overlap scheduler, on torchtitan's
+    Qwen3-MoE with real EP over 2 gloo ranks, chunked in 2: ap-bucketing's FSDP buckets after
+    the chunk schedule. That combination once failed (``BackendCompilerFailed``: a wait used
+    before it was defined), which is why ``bucketing="auto"`` leaves it off; a user can still
+    ask for it, so it must train like eager EP, with buckets formed."""
+    (res,) = run_real_ep([("tt_qwen3_moe_ep", 2, "bucket")], port=29642, stock=False)
+    assert res.error is None, res.error
+    assert (res.graphs, res.graph_breaks) == (1, 0)
+    assert res.regions_chunked == 2 * res.moe_layers
+    assert res.buckets is not None and res.buckets > 0
+    assert res.bucketed is not None and res.bucketed >= 2 * res.buckets
+    assert (res.all_to_all_fw, res.all_to_all_bw) == (6 * res.moe_layers, 4 * res.moe_layers)
+    assert res.loss_rel_eager is not None and res.loss_rel_eager <= FP32_RTOL
+    assert res.grad_rel_eager is not None and res.grad_rel_eager <= 1e-4
+    assert res.loss_rel_eager_chunked is not None and res.loss_rel_eager_chunked <= FP32_RTOL
+    assert res.grad_rel_eager_chunked is not None and res.grad_rel_eager_chunked <= 1e-4
 
 
 @pytest.mark.parametrize(

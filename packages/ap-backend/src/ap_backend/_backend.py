@@ -354,8 +354,9 @@ def autoparallel_backend(
     * ``bucketing``: topo-span-bounded FSDP bucketing for every graph this backend compiles,
       including the lazy backward -- on by default (``"auto"``: ``ap_bucketing.
       BucketingConfig()``, except with ``ep_chunk`` and without ``overlap_scheduling``, where
-      bucketing without the overlap scheduler broke the chunk schedule's order on torchtitan's
-      Qwen3-MoE with real EP); ``True`` or a ``BucketingConfig`` of your own turns it on,
+      bucketing without the overlap scheduler once broke the chunk schedule's order on
+      torchtitan's Qwen3-MoE with real EP; ``bucketing=True`` trains like eager there now, but
+      the EP route matrix has not been measured with it); ``True`` or a ``BucketingConfig`` of your own turns it on,
       ``False``/``None`` off. Without torch's overlap scheduler and without ``ep_chunk``,
       ``"auto"`` and ``True`` take the copy-free form (``BucketingConfig(bucket_mode=
       "coalesced")``: one coalesced collective per bucket, no copy out of or into a flat

@@ -65,9 +65,11 @@ class BackendOptions:
 
 #: ``autoparallel_backend``'s default for ``bucketing``: on, except with ``ep_chunk`` and without
 #: ``overlap_scheduling``. Why the exception: bucketing after the chunk schedule without the
-#: overlap scheduler (which re-sorts the bucketed graph) has never been run on a chunked EP
-#: graph; the EP routes are measured without bucketing (``default``) or with both (``full``),
-#: so that combination stays what it was until it is measured.
+#: overlap scheduler (which re-sorts the bucketed graph) once failed on torchtitan's Qwen3-MoE
+#: with real EP (``BackendCompilerFailed``: a wait used before it was defined). It trains like
+#: eager there now (``tests/test_zoo.py``, asked for with ``bucketing=True``), but the EP route
+#: matrix is measured without bucketing (``default``) or with both (``full``), so the default
+#: stays off until that matrix is measured with it.
 AUTO_BUCKETING = "auto"
 
 
