@@ -27,12 +27,15 @@ BUCKET_FORM_CONFIGS: dict[str, dict[str, Any]] = {
 }
 #: Each remaining backend option alone (issue #23 item 4: every option a user can pass runs at
 #: 2 ranks or is refused): bucketing without overlap scheduling, overlap scheduling without
-#: bucketing, torch's min-cut in place of the save-all replay. Not part of a whole-zoo run
-#: unless asked for.
+#: bucketing, torch's min-cut in place of the save-all replay, and ap-bucketing's own FSDP
+#: schedule (``"prefetch"``, copy-free buckets) with and without AC. Not part of a whole-zoo
+#: run unless asked for.
 OPTION_CONFIGS: dict[str, dict[str, Any]] = {
     "bucket": {"bucketing": True},
     "overlap": {"overlap_scheduling": True},
     "min_cut": {"partitioner": "min_cut"},
+    "prefetch": {"overlap_scheduling": "prefetch"},
+    "full_prefetch": {"enable_ac": True, "overlap_scheduling": "prefetch"},
 }
 #: The save-all replay under an activation budget, as a fraction of the first partition's saved
 #: bytes (``autoparallel_backend(activation_budget_bytes=...)``, issue #25).
