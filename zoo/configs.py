@@ -6,7 +6,14 @@ from typing import Any
 
 from ap_bucketing import BucketingConfig
 
-__all__ = ["AP_CONFIGS", "BUCKET_FORM_CONFIGS", "BUDGET_CONFIGS", "CONFIGS", "OPTION_CONFIGS"]
+__all__ = [
+    "AP_CONFIGS",
+    "BACKEND_CONFIGS",
+    "BUCKET_FORM_CONFIGS",
+    "BUDGET_CONFIGS",
+    "CONFIGS",
+    "OPTION_CONFIGS",
+]
 
 #: The backend options of each ap configuration.
 AP_CONFIGS: dict[str, dict[str, Any]] = {
@@ -37,6 +44,9 @@ OPTION_CONFIGS: dict[str, dict[str, Any]] = {
     "prefetch": {"overlap_scheduling": "prefetch"},
     "full_prefetch": {"enable_ac": True, "overlap_scheduling": "prefetch"},
 }
+#: Every named configuration's backend options (the budget ones are sized per model: see
+#: ``BUDGET_CONFIGS``).
+BACKEND_CONFIGS: dict[str, dict[str, Any]] = {**AP_CONFIGS, **BUCKET_FORM_CONFIGS, **OPTION_CONFIGS}
 #: The save-all replay under an activation budget, as a fraction of the first partition's saved
 #: bytes (``autoparallel_backend(activation_budget_bytes=...)``, issue #25).
 BUDGET_CONFIGS: dict[str, float] = {

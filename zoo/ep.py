@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import ap_bucketing
 import torch
 from torch import nn
 
@@ -260,7 +259,7 @@ def run_real_ep_case(
 
     from zoo.models.expert_parallel import EP_MODELS as BUILDERS
     from zoo.models.expert_parallel import cpu_expert_parallel
-    from zoo.run import AP_CONFIGS, OPTION_CONFIGS, _rank_batches
+    from zoo.run import BACKEND_CONFIGS, _rank_batches
 
     res = RealEpResult(model, num_chunks, config, world=dist.get_world_size(), marks=marks)
     stage = "build"
@@ -304,20 +303,14 @@ def run_real_ep_case(
             pm = precompile(step, batches[0])
         state.restore()
         chunk = ChunkConfig((PATTERN,), num_chunks=num_chunks) if num_chunks > 1 else None
-        backend = autoparallel_backend(ep_chunk=chunk, **{**AP_CONFIGS, **OPTION_CONFIGS}[config])
+        backend = autoparallel_backend(ep_chunk=chunk, **BACKEND_CONFIGS[config])
         stage = f"backend ({config}, N={num_chunks})"
-        stats: list[ap_bucketing.BucketingStats] = []
-        observe = stats.append
-        ap_bucketing.add_stats_observer(observe)
         start = time.perf_counter()
-        try:
-            losses, grads = _train(torch.compile(pm, backend=backend), params, batches)
-        finally:
-            ap_bucketing.remove_stats_observer(observe)
+        losses, grads = _train(torch.compile(pm, backend=backend), params, batches)
         res.compile_s = time.perf_counter() - start
-        if stats:
-            res.buckets = sum(s.buckets for s in stats)
-            res.bucketed = sum(s.bucketed for s in stats)
+        if backend.bucketing_stats:
+            res.buckets = sum(s.buckets for s in backend.bucketing_stats)
+            res.bucketed = sum(s.bucketed for s in backend.bucketing_stats)
         counters = torch._dynamo.utils.counters
         res.graphs = int(counters["stats"]["unique_graphs"])
         res.graph_breaks = sum(counters["graph_break"].values())

@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from zoo.configs import (
     AP_CONFIGS,
+    BACKEND_CONFIGS,
     BUCKET_FORM_CONFIGS,
     BUDGET_CONFIGS,
     CONFIGS,
@@ -56,6 +57,7 @@ from zoo.verdict import (
 
 __all__ = [
     "AP_CONFIGS",
+    "BACKEND_CONFIGS",
     "BUCKET_FORM_CONFIGS",
     "BUDGET_CONFIGS",
     "CONFIGS",
@@ -340,9 +342,7 @@ def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[s
         budget = int(BUDGET_CONFIGS[config] * pm.first_partition.nbytes)
         backend = autoparallel_backend(activation_budget_bytes=budget)
     else:
-        backend = autoparallel_backend(
-            **{**AP_CONFIGS, **BUCKET_FORM_CONFIGS, **OPTION_CONFIGS}[config]
-        )
+        backend = autoparallel_backend(**BACKEND_CONFIGS[config])
     compiled = torch.compile(pm, backend=backend)
 
     def first_step(seconds: float) -> None:

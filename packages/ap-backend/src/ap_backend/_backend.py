@@ -356,8 +356,8 @@ def autoparallel_backend(
       BucketingConfig()``, except with ``ep_chunk`` and without ``overlap_scheduling``, where
       bucketing without the overlap scheduler once broke the chunk schedule's order on
       torchtitan's Qwen3-MoE with real EP; ``bucketing=True`` trains like eager there now, but
-      the EP route matrix has not been measured with it); ``True`` or a ``BucketingConfig`` of your own turns it on,
-      ``False``/``None`` off. Without torch's overlap scheduler and without ``ep_chunk``,
+      the EP route matrix has not been measured with it); ``True`` or a ``BucketingConfig`` of
+      your own turns it on, ``False``/``None`` off. Without torch's overlap scheduler and without ``ep_chunk``,
       ``"auto"`` and ``True`` take the copy-free form (``BucketingConfig(bucket_mode=
       "coalesced")``: one coalesced collective per bucket, no copy out of or into a flat
       buffer); with ``overlap_scheduling=True`` they keep ``BucketingConfig()``'s
