@@ -4,7 +4,9 @@ The rules held here:
 
 * the program key is equal for the same program and differs for a change of the forward (a
   module attribute steering it, an input shape), of the backward's Python (a custom
-  ``autograd.Function``'s backward), of the module's layout and of the options;
+  ``autograd.Function``'s backward, a helper module that backward calls -- and the module that
+  helper calls --, a hook the forward registers on an intermediate tensor), of the module's
+  layout and of the options;
 * a cold run records its first compilation; a second ``precompile`` of the same program hands
   back a stand-in that makes nothing until called, answers Dynamo's fake-tensor call from the
   key's trace, and, called for real (eagerly, or by the second compilation's retrace on a cache
@@ -18,10 +20,12 @@ on, across the cache's hit and miss, is the ``slow`` test at the end.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +106,125 @@ def test_the_program_key_follows_the_forward_the_backward_layout_and_options(
     monkeypatch.setattr(_Scale, "backward", staticmethod(other_backward))
     # the forward trace is the same; only the Python the backward runs changed
     assert _key(_Mlp(scale=True), x) != scaled
+
+
+def _load(path: Path, source: str) -> types.ModuleType:
+    """``source`` written to ``path`` and executed as a module of that file (not registered in
+    ``sys.modules``: each call is a fresh module, as a restarted job imports one)."""
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The helper module ``_HelperScale.backward`` calls (set by the test).
+_HELPERS: Any = None
+
+
+class _HelperScale(torch.autograd.Function):
+    """A custom function whose backward's arithmetic lives in another file."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _HELPERS.scale(grad)
+        return out
+
+
+class _HelperMlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _HelperScale.apply(self.up(x)).sum()
+        return out
+
+
+def test_the_program_key_follows_the_helper_modules_a_custom_backward_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart after an edit of a file only the backward runs must not reuse the record: the
+    key covers the files reachable from the backward by its global names (and theirs)."""
+    helper_source = "def scale(grad):\n    return grad * inner.factor()\n"
+    inner_path = tmp_path / "ap_test_grad_inner.py"
+
+    def load(factor: str) -> None:
+        inner = _load(inner_path, f"def factor():\n    return {factor}\n")
+        helpers = _load(tmp_path / "ap_test_grad_helpers.py", helper_source)
+        helpers.inner = inner  # what ``from . import inner`` would bind
+        monkeypatch.setattr(sys.modules[__name__], "_HELPERS", helpers)
+
+    x = torch.randn(4, 16)
+    load("2.0")
+    base = _key(_HelperMlp(), x)
+    load("2.0")  # the same files again (a restart): the same key
+    assert _key(_HelperMlp(), x) == base
+    load("3.0")  # an edit two calls away from the backward, invisible to the forward
+    assert _key(_HelperMlp(), x) != base
+
+
+def _scaled_by(factor: float) -> Any:
+    return lambda grad: grad * factor  # the factor is a closure cell: the code is the same
+
+
+#: Factors the ``"table"`` hook reads from a global dict.
+_FACTORS = {"table": 2.0}
+
+#: Gradient hooks the forward of :class:`_Hooked` registers, by name.
+_TENSOR_HOOKS: dict[str, Any] = {
+    "double": lambda grad: grad * 2,
+    "triple": lambda grad: grad * 3,
+    "closure_2": _scaled_by(2.0),
+    "closure_3": _scaled_by(3.0),
+    "table": lambda grad: grad * _FACTORS["table"],
+}
+
+
+class _Hooked(nn.Module):
+    def __init__(self, hook: str) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 16)
+        self.hook = hook
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        h.register_hook(_TENSOR_HOOKS[self.hook])
+        out: torch.Tensor = h.relu().sum()
+        return out
+
+
+def test_the_program_key_follows_the_hooks_the_forward_registers_on_intermediates(
+    records: Path,
+) -> None:
+    """The forward trace is the same for both hooks (a hook runs only in the backward); the key
+    differs, so a restart with the other hook makes its own first compilation, which trains
+    like the module."""
+    x = torch.randn(4, 16)
+    assert _key(_Hooked("double"), x) == _key(_Hooked("double"), x)
+    assert _key(_Hooked("double"), x) != _key(_Hooked("triple"), x)
+    assert _key(_Hooked("closure_2"), x) != _key(_Hooked("closure_3"), x)
+    table = _key(_Hooked("table"), x)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(_FACTORS, "table", 3.0)
+        assert _key(_Hooked("table"), x) != table
+
+    torch.manual_seed(0)
+    precompile(_Hooked("double"), (x,))
+    model, reference = _Hooked("triple"), _Hooked("triple")
+    reference.load_state_dict(model.state_dict())
+    pm = precompile(model, (x,))
+    assert not pm.compilations[0].reused
+    pm(x).backward()
+    reference(x).backward()
+    want = _grads(reference)
+    for name, grad in _grads(model).items():
+        torch.testing.assert_close(grad, want[name])
 
 
 def test_what_the_key_cannot_describe_is_refused() -> None:
@@ -315,3 +438,116 @@ def test_a_restart_skips_the_first_compilation_on_a_hit_and_makes_it_on_a_miss(
     for got in (warm, miss):
         assert got["loss"] == pytest.approx(cold["loss"], rel=1e-6)
         assert got["grad"] == pytest.approx(cold["grad"], rel=1e-5, abs=1e-6)
+
+
+_RUN_HOOKED = """
+import json, os
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+from ap_backend import autoparallel_backend, precompile
+
+FACTOR = float(os.environ["AP_TEST_HOOK_FACTOR"])  # the only thing two runs differ in
+
+
+class Hooked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(32, 16)
+
+    def forward(self, x):
+        h = self.up(x)
+        h.register_hook(lambda grad: grad * FACTOR)
+        return self.down(h.relu()).sum()
+
+
+torch.manual_seed(0)
+model, reference, x = Hooked(), Hooked(), torch.randn(4, 16)
+reference.load_state_dict(model.state_dict())
+reference(x).backward()
+pm = precompile(model, (x,))
+torch.compile(pm, backend=autoparallel_backend())(x).backward()
+print(json.dumps({
+    "reused": pm.compilations[0].reused,
+    "grad_error": max(
+        (p.grad - q.grad).abs().max().item()
+        for p, q in zip(model.parameters(), reference.parameters())
+    ),
+    "aot": dict(counters["aot_autograd"]),
+}))
+"""
+
+
+@pytest.mark.slow  # two fresh processes compiling a two-layer MLP with the caches on
+def test_a_restart_with_another_backward_hook_constant_trains_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The silent failure this key exists to prevent: the second run's forward is the same
+    Python and the same trace, but the hook it registers multiplies by another module-level
+    constant. A reused record would hand AOTAutograd's cache the first run's key and train the
+    first run's backward; the key covers the constant, so the restart compiles its own."""
+    script = tmp_path / "train_hooked.py"
+    script.write_text(_RUN_HOOKED)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+
+    def run(factor: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            env=dict(env, AP_TEST_HOOK_FACTOR=factor),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return out
+
+    cold = run("2.0")
+    assert not cold["reused"] and cold["grad_error"] < 1e-5, cold
+    again = run("2.0")  # the same program: the record and AOTAutograd's entry serve it
+    assert again["reused"] and again["aot"].get("autograd_cache_hit") == 1, again
+    assert again["grad_error"] < 1e-5, again
+    other = run("3.0")
+    assert not other["reused"], other
+    assert other["grad_error"] < 1e-5, other
+
+
+class _TiedLm(nn.Module):
+    """A language model's tied embedding and head (GPT-2, BERT, T5): one parameter, two names."""
+
+    def __init__(self, tied: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.mix = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 32, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.head(torch.tanh(self.mix(self.embed(tokens))))
+        out: torch.Tensor = logits.logsumexp(-1).mean()
+        return out
+
+
+def test_a_model_with_tied_weights_has_a_key_and_is_reused_exactly(records: Path) -> None:
+    """Tied weights were unkeyable (each name entered the key's trace as its own input, which
+    ``functional_call`` refuses), so GPT-2, BERT, T5 and tied Qwen3 never reused a record."""
+    tokens = torch.randint(0, 32, (2, 8))
+    assert _key(_TiedLm(), tokens) == _key(_TiedLm(), tokens)
+    assert _key(_TiedLm(), tokens) != _key(_TiedLm(tied=False), tokens)  # the tie is keyed
+
+    torch.manual_seed(0)
+    cold = precompile(_TiedLm(), (tokens,))
+    assert not cold.compilations[0].reused
+    model, reference = _TiedLm(), _TiedLm()
+    reference.load_state_dict(model.state_dict())
+    warm = precompile(model, (tokens,))
+    assert warm.compilations[0].reused
+    warm(tokens).backward()
+    reference(tokens).backward()
+    want = _grads(reference)
+    assert set(_grads(model)) == set(want)
+    for name, grad in _grads(model).items():
+        torch.testing.assert_close(grad, want[name])

@@ -201,13 +201,15 @@ def precompile(
     AOTAutograd caches are on): a restarted job skips its first compilations. Each call is
     keyed before anything is compiled -- a fake-tensor trace of its forward, the Python its
     backward runs (custom ``autograd.Function`` and custom op code, the files of the module's
-    classes, backward hooks), the module's layout, the signature, these options, the config
-    and versions -- and a cold run records what its first compilation was under that key. A
-    warm run that finds the record hands back a stand-in (``compilations[i].reused``) that
-    makes the first compilation only if something calls it: the second compilation's retrace
-    on a cache miss, or an eager call. ``False`` for code whose backward runs Python the key
-    does not name (a helper module imported only by a custom backward or by a hook on an
-    intermediate tensor).
+    classes, backward hooks and the hooks the forward registers on tensors, and every file and
+    global constant that code reaches by name), the module's layout, the signature, these
+    options, the config and versions -- and a cold run records what its first compilation was
+    under that key. A warm run that finds the record hands back a stand-in
+    (``compilations[i].reused``) that makes the first compilation only if something calls it:
+    the second compilation's retrace on a cache miss, or an eager call. ``False`` for code
+    whose backward reads what no name resolution pins down (an object's attribute, a
+    function saved on ``ctx``) or registers hooks on autograd nodes (``grad_fn.register_hook``)
+    in the forward.
     """
     where = "precompile"
     require_instance(module, nn.Module, where=where, arg="module", expected="an nn.Module")

@@ -18,18 +18,22 @@ What the key covers, and why that determines the first compilation:
 * **the backward's Python**, which the forward trace does not run: the code of every custom
   ``autograd.Function`` class in the trace's autograd graph (its file's bytes), the Python
   implementations of custom ops in the trace (``torch.library.custom_op``: their files), the
-  files defining every submodule's class (where hooks and custom functions usually live) and the
-  backward hooks registered on the modules and parameters (their code). aten's own backward
-  formulas come with torch's version;
+  files defining every submodule's class (where hooks and custom functions usually live), the
+  backward hooks registered on the modules and parameters (their code) and the hooks the forward
+  registers on its intermediate tensors (their code, in order); from all of these, every file
+  their code reaches by the names it reads, and the constants it reads from global names and
+  closure cells (:mod:`ap_backend._reachable`). aten's own backward formulas come with torch's
+  version;
 * the module's layout (every submodule's class, every parameter's and buffer's name, metadata
   and subclass context -- a DTensor's placements), the call signature, ``precompile``'s options,
   Inductor's and functorch's portable config (the first partition runs Inductor's joint passes
   and min-cut), torch's version and the ap packages' sources (:func:`first_compilation_key`).
 
-What it does not cover (documented in ``docs/``): Python run only in the backward, in a file
-none of the above names (a helper module of a custom backward or of a hook registered on an
-intermediate tensor). Pass ``precompile(..., first_compilation_cache=False)`` for code like
-that. A record whose deferred first compilation is made after all is checked: a content key
+What it does not cover (documented in ``docs/``): what the backward's Python reads from objects
+at run time rather than by name (an object's attributes, a tensor a hook closes over, a
+function saved on ``ctx``), and hooks registered on autograd nodes (``grad_fn.register_hook``)
+in the forward. Pass ``precompile(..., first_compilation_cache=False)`` for code like that. A
+record whose deferred first compilation is made after all is checked: a content key
 other than the recorded one is an error, never a silent mix.
 
 Anything the key cannot describe deterministically raises :class:`Unkeyable`; ``precompile``
@@ -39,11 +43,8 @@ then compiles as it always did.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
-import os
-import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ from torch import nn
 
 from ap_backend import _compat
 from ap_backend._aot_cache import Unkeyable, first_compilation_key, graphs_digest
+from ap_backend._reachable import HookRecorder, code_key, hash_sources, reachable, source_file
 from ap_backend._signature import CallSignature, subclass_key
 from ap_backend._trace import tracing_like_compile
 
@@ -60,43 +62,12 @@ __all__ = ["OutputSpec", "describe_outputs", "program_key"]
 
 log = logging.getLogger(__name__)
 
-_KEY_VERSION = "ap-program-v1"
+#: v2: the backward's reachable files and constants and the forward's tensor hooks are keyed
+_KEY_VERSION = "ap-program-v2"
 #: Operator namespaces whose Python (if any) comes with torch's version.
 _TORCH_NAMESPACES = frozenset(
     {"aten", "prims", "_c10d_functional", "c10d_functional", "_dtensor", "c10d", "higher_order"}
 )
-
-
-def _torch_dir() -> str:
-    return os.path.dirname(os.path.abspath(str(torch.__file__))) + os.sep
-
-
-def _file_of(obj: object) -> str | None:
-    """The source file defining ``obj`` outside torch (torch's come with its version)."""
-    try:
-        path = inspect.getsourcefile(obj)  # type: ignore[arg-type]
-    except (TypeError, OSError):
-        return None
-    if path is None or os.path.abspath(path).startswith(_torch_dir()):
-        return None
-    return os.path.abspath(path)
-
-
-def _code_key(fn: Callable[..., Any]) -> str:
-    """A callable's code, by value (bytecode, constants, names, nested code) and file."""
-    target = inspect.unwrap(getattr(fn, "__func__", fn))
-    code = getattr(target, "__code__", None)
-    if not isinstance(code, types.CodeType):
-        raise Unkeyable(f"backward hook {fn!r} has no Python code to key")
-
-    def walk(c: types.CodeType) -> Iterator[str]:
-        yield c.co_qualname if hasattr(c, "co_qualname") else c.co_name
-        yield c.co_code.hex()
-        yield repr(c.co_names)
-        for const in c.co_consts:
-            yield from walk(const) if isinstance(const, types.CodeType) else (repr(const),)
-
-    return f"{_file_of(target)}:" + hashlib.sha256("\n".join(walk(code)).encode()).hexdigest()
 
 
 class _Flat:
@@ -139,10 +110,11 @@ def _rebuild(flat: Any, leaves: Iterator[torch.Tensor]) -> Any:
 
 def forward_trace(
     module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[torch.fx.GraphModule, Any]:
+) -> tuple[torch.fx.GraphModule, Any, list[Callable[..., Any]]]:
     """The module's forward as ``make_fx`` traces it on fake tensors, parameters and buffers
     lifted to inputs (as the export lifts them); with the outputs, whose autograd graph names
-    the backward's Python.
+    the backward's Python, and the gradient hooks the forward registered on tensors
+    (:class:`~ap_backend._reachable.HookRecorder`: they run only in the backward).
 
     A tensor subclass parameter or buffer (SimpleFSDP's DTensors) enters as its inner tensors,
     rebuilt into the subclass inside the trace -- as AOTAutograd's export desugars them. Lifted
@@ -150,18 +122,26 @@ def forward_trace(
     named_params = list(module.named_parameters(remove_duplicate=False))
     named = [*named_params, *module.named_buffers(remove_duplicate=False)]
     n_params = len(named_params)
+    # a tied tensor (GPT-2's embedding and head) enters once and every name of it gets that one
+    # input: the trace then shows the tie, and functional_call accepts the names together
+    first: dict[int, int] = {}
+    index_of = [first.setdefault(id(value), len(first)) for _, value in named]
+    uniques = list({id(value): value for _, value in named}.values())
     # plain parameters keep requires_grad (a leaf of the trace each); a subclass's inner
     # tensors enter detached and the rebuilt subclass takes the parameter's requires_grad
-    flats = [value if not subclass_key(value) else _Flat(value) for _, value in named]
+    flats = [value if not subclass_key(value) else _Flat(value) for value in uniques]
     leaves = [t for flat in flats for t in _inner_leaves(flat)]
     outputs: list[Any] = []
+    recorder = HookRecorder()
 
     def run(inner: list[torch.Tensor], a: tuple[Any, ...], k: dict[str, Any]) -> Any:
         it = iter(inner)
-        values = {name: _rebuild(flat, it) for (name, _), flat in zip(named, flats, strict=True)}
+        rebuilt = [_rebuild(flat, it) for flat in flats]
+        values = {name: rebuilt[i] for (name, _), i in zip(named, index_of, strict=True)}
         params = dict(list(values.items())[:n_params])
         buffers = dict(list(values.items())[n_params:])
-        out = torch.func.functional_call(module, (params, buffers), a, k)
+        with recorder:
+            out = torch.func.functional_call(module, (params, buffers), a, k)
         outputs.append(out)
         return out
 
@@ -174,7 +154,7 @@ def forward_trace(
             gm = _compat.make_fx()(run, tracing_mode="real")(*inputs)
     except Exception as exc:
         raise Unkeyable(f"the forward does not trace on fake tensors: {exc}") from exc
-    return gm, outputs[-1] if outputs else None
+    return gm, outputs[-1] if outputs else None, recorder.hooks
 
 
 def _autograd_nodes(outputs: Any) -> Iterator[Any]:
@@ -192,16 +172,25 @@ def _autograd_nodes(outputs: Any) -> Iterator[Any]:
         stack.extend(fn for fn, _ in node.next_functions)
 
 
-def backward_code(module: nn.Module, gm: torch.fx.GraphModule, outputs: Any) -> list[str]:
-    """What of the backward's Python the key names (see the module docstring), sorted."""
+def backward_code(
+    module: nn.Module,
+    gm: torch.fx.GraphModule,
+    outputs: Any,
+    tensor_hooks: Sequence[Callable[..., Any]] = (),
+) -> list[str]:
+    """What of the backward's Python the key names (see the module docstring): the entry points'
+    code by value, the files of everything reachable from them by name, hashed as they are now,
+    and the global constants that code reads (:func:`~ap_backend._reachable.reachable`)."""
     files: set[str] = set()
     codes: set[str] = set()
+    entries: list[object] = []  # where the backward's Python starts
     for node in _autograd_nodes(outputs):
         cls = getattr(node, "_forward_cls", None)  # a custom autograd.Function's backward node
         if cls is not None:
             codes.add(f"function {cls.__module__}.{cls.__qualname__}")
-            codes.add(_code_key(cls.backward))
-            path = _file_of(cls)
+            codes.add(code_key(cls.backward))
+            entries.append(cls.backward)
+            path = source_file(cls)
             if path:
                 files.add(path)
     for node in gm.graph.nodes:
@@ -213,24 +202,29 @@ def backward_code(module: nn.Module, gm: torch.fx.GraphModule, outputs: Any) -> 
             continue
         opname = str(getattr(target, "_opname", ""))
         for fn in _compat.custom_op_functions(f"{namespace}::{opname}"):
-            path = _file_of(fn)
-            if path:
-                files.add(path)
-            codes.add(_code_key(fn))
+            codes.add(code_key(fn))
+            entries.append(fn)
     for name, sub in module.named_modules(remove_duplicate=False):
         for klass in type(sub).__mro__:
-            path = _file_of(klass)
+            path = source_file(klass)
             if path:
                 files.add(path)
         hooks = (*sub._backward_hooks.values(), *sub._backward_pre_hooks.values())
-        codes.update(f"{name}: {_code_key(h)}" for h in hooks)
+        codes.update(f"{name}: {code_key(h)}" for h in hooks)
+        entries.extend(hooks)
     for name, param in module.named_parameters(remove_duplicate=False):
         for hook in (getattr(param, "_backward_hooks", None) or {}).values():
-            codes.add(f"{name}: {_code_key(hook)}")
+            codes.add(f"{name}: {code_key(hook)}")
+            entries.append(hook)
     if _compat.global_module_backward_hooks():
         raise Unkeyable("a global module backward hook is registered")
-    digest = _compat.hash_files(tuple(sorted(files))).hex() if files else ""
-    return sorted(codes) + [f"files {sorted(files)} {digest}"]
+    # in registration order: the backward runs a tensor's hooks in that order
+    ordered = [f"tensor hook {i}: {code_key(h)}" for i, h in enumerate(tensor_hooks)]
+    found = reachable([*entries, *tensor_hooks])
+    files |= found.files
+    digest = hash_sources(files) if files else ""
+    constants = [f"constant {c}" for c in sorted(found.constants)]
+    return sorted(codes) + ordered + constants + [f"files {sorted(files)} {digest}"]
 
 
 def _layout(module: nn.Module) -> list[str]:
@@ -335,11 +329,12 @@ def program_key(
     for name, value in options.items():
         if " at 0x" in repr(value):
             raise Unkeyable(f"precompile's {name}={value!r} has no stable description")
-    gm, outputs = forward_trace(module, args, kwargs)
+    gm, outputs, tensor_hooks = forward_trace(module, args, kwargs)
     returned = describe_outputs(outputs)
     digest = hashlib.sha256()
     digest.update(graphs_digest((gm,)).encode())
-    for line in (*backward_code(module, gm, outputs), *_layout(module), _config_state()):
+    backward = backward_code(module, gm, outputs, tensor_hooks)
+    for line in (*backward, *_layout(module), _config_state()):
         digest.update(line.encode() + b"\n")
     key = first_compilation_key(
         digest.hexdigest(),
