@@ -136,13 +136,28 @@ class _HelperScale(torch.autograd.Function):
         return out
 
 
+class _ContextScale(torch.autograd.Function):
+    """A custom function whose forward leaves the backward's factor on ``ctx``, from a helper
+    in another file: the forward's trace is the same whatever the factor."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.factor = _HELPERS.inner.factor()
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * ctx.factor
+
+
 class _HelperMlp(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, function: Any = _HelperScale) -> None:
         super().__init__()
         self.up = nn.Linear(16, 16)
+        self.function = function
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _HelperScale.apply(self.up(x)).sum()
+        out: torch.Tensor = self.function.apply(self.up(x)).sum()
         return out
 
 
@@ -167,6 +182,11 @@ def test_the_program_key_follows_the_helper_modules_a_custom_backward_calls(
     assert _key(_HelperMlp(), x) == base
     load("3.0")  # an edit two calls away from the backward, invisible to the forward
     assert _key(_HelperMlp(), x) != base
+
+    load("2.0")
+    through_ctx = _key(_HelperMlp(_ContextScale), x)
+    load("3.0")  # the same forward trace; only what the forward left on ctx differs
+    assert _key(_HelperMlp(_ContextScale), x) != through_ctx
 
 
 def _scaled_by(factor: float) -> Any:

@@ -43,6 +43,7 @@ then compiles as it always did.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -183,13 +184,20 @@ def backward_code(
     and the global constants that code reads (:func:`~ap_backend._reachable.reachable`)."""
     files: set[str] = set()
     codes: set[str] = set()
-    entries: list[object] = []  # where the backward's Python starts
+    entries: list[object] = []  # where the Python the backward depends on starts
     for node in _autograd_nodes(outputs):
         cls = getattr(node, "_forward_cls", None)  # a custom autograd.Function's backward node
         if cls is not None:
             codes.add(f"function {cls.__module__}.{cls.__qualname__}")
             codes.add(code_key(cls.backward))
-            entries.append(cls.backward)
+            # the forward and setup_context run in the key's trace, but what they put on ctx
+            # (a number the backward multiplies by, a mark_non_differentiable) shows only in
+            # the backward: the Python they reach is keyed too
+            entries.extend(
+                inspect.getattr_static(cls, name)
+                for name in ("backward", "forward", "setup_context")
+                if hasattr(cls, name)
+            )
             path = source_file(cls)
             if path:
                 files.add(path)

@@ -7,8 +7,9 @@ that misses a change trains the old graph with no error. The forward is covered 
 trace. The backward's Python is not in that trace: a custom ``autograd.Function``'s
 ``backward``, a hook. Its own file is not enough either: a backward that calls
 ``helpers.scale(grad)`` runs ``helpers.py``, which an edit can change while every file the key
-named stays the same. So the key takes every file reachable from those entry points by the
-names their code reads:
+named stays the same. So the key takes every file reachable from those entry points (and from
+a custom function's ``forward`` and ``setup_context``, whose effects on ``ctx`` show only in
+the backward) by the names their code reads:
 
 * a function's global names (its nested code's too), resolved in its ``__globals__``;
 * of a module or class so found, the members the same code names (``helpers.scale``);
