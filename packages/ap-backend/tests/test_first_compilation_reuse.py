@@ -98,6 +98,17 @@ def test_the_program_key_follows_the_forward_the_backward_layout_and_options(
     wider.extra = nn.Parameter(torch.zeros(3))  # a parameter the forward never reads
     assert _key(wider, x) != base  # the export's inputs differ: the layout is in the key
 
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        # AOTAutograd's cache keys on it; the key has it through Inductor's `deterministic`
+        assert _key(_Mlp(), x) != base
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
     scaled = _key(_Mlp(scale=True), x)
 
     def other_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
