@@ -17,6 +17,9 @@ input of the first compilation) on a real one-rank gloo group:
   graphs, only the DTensor placements differ) on that cache misses, and its gradients come back
   ``Replicate``: a hit would hand it the sharded run's gradient placements.
 
+And HF GPT-2, whose head is tied to its embedding, restarts from its record with eager's
+gradients (the tied weight enters the key's trace once; it used to make the model unkeyable).
+
 ``heavy`` (``uv run pytest -m heavy``): not in CI's time.
 """
 
@@ -130,3 +133,53 @@ def test_simple_fsdp_llama3_restarted_on_a_warm_cache_trains_the_same(
     assert "autograd_cache_hit" not in replicated["aot"], replicated["aot"]
     assert not replicated["reused"]  # other placements: another program key
     assert replicated["placements"] == ["(Replicate(),)"], replicated["placements"]
+
+
+_RUN_TIED = """
+import json, sys
+import torch
+from torch._dynamo.utils import counters
+from ap_backend import autoparallel_backend, precompile
+from zoo.models import MODELS
+from zoo.models._base import split_inputs
+
+torch.manual_seed(0)
+zm = MODELS[sys.argv[1]](1)
+reference = MODELS[sys.argv[1]](1).module
+reference.load_state_dict(zm.module.state_dict())
+args, kwargs, rest = split_inputs(zm.batches[0], zm.n_model_inputs, zm.model_kwargs, zm.input_names)
+zm.loss_fn(reference(*args, **kwargs), *rest).backward()
+pm = precompile(zm.module, args, kwargs)
+loss = zm.loss_fn(torch.compile(pm, backend=autoparallel_backend())(*args, **kwargs), *rest)
+loss.backward()
+grads = {n: p.grad for n, p in zm.module.named_parameters() if p.grad is not None}
+want = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
+print(json.dumps({
+    "reused": pm.compilations[0].reused,
+    "same_grads": grads.keys() == want.keys(),
+    "grad_error": max(
+        ((grads[n] - want[n]).abs().max() / (want[n].abs().max() + 1e-6)).item() for n in want
+    ),
+    "aot": dict(counters["aot_autograd"]),
+}))
+"""
+
+
+# two compiles of HF GPT-2 in two processes (~50 s): not in CI's time; the tied key itself is
+# packages/ap-backend/tests/test_first_compilation_reuse.py's tied-model test, which CI runs
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_hf_gpt2_with_its_tied_head_restarts_from_its_record(
+    tmp_path: Path, run_with_caches: Any
+) -> None:
+    """GPT-2's head shares the embedding's weight. The first compilation's key used to trace
+    each name of a tied weight as its own input, which ``functional_call`` refuses: the model
+    had no key, and a restart made its first compilation again every time."""
+    cache = tmp_path / "inductor"
+    cold = run_with_caches(["-c", _RUN_TIED, "hf_gpt2"], cache)
+    assert not cold["reused"] and cold["aot"].get("autograd_cache_saved") == 1, cold
+    warm = run_with_caches(["-c", _RUN_TIED, "hf_gpt2"], cache)
+    assert warm["reused"], "the restart made its first compilation again"
+    assert warm["aot"].get("autograd_cache_hit") == 1, warm["aot"]
+    for run in (cold, warm):
+        assert run["same_grads"] and run["grad_error"] < 1e-5, run
