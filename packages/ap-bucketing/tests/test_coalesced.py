@@ -78,7 +78,7 @@ def test_torchs_overlap_scheduler_is_refused_naming_the_alternatives() -> None:
 
 def test_the_pack_op_is_registered_by_making_the_pass_before_any_compile() -> None:
     """A restarted job's warm FX-graph cache serves compiled code calling
-    ``ap_bucketing::pack_shards`` without running the pass that would register it on first
+    ``ap_bucketing::pack_shards`` and ``cast_shards`` without running the pass that would register it on first
     use: making the pass registers it (a fresh process: this one may have it already)."""
     import subprocess
     import sys
@@ -89,10 +89,13 @@ def test_the_pack_op_is_registered_by_making_the_pass_before_any_compile() -> No
         "assert not hasattr(torch.ops.ap_bucketing, 'pack_shards')\n"
         "OverlapBucketingPass(BucketingConfig(bucket_mode='custom_ops'), cpu=True)\n"
         "assert not hasattr(torch.ops.ap_bucketing, 'pack_shards')\n"
+        "assert not hasattr(torch.ops.ap_bucketing, 'cast_shards')\n"
         "OverlapBucketingPass(BucketingConfig(bucket_mode='coalesced'), reorder='prefetch')\n"
         "x = torch.ones(3, dtype=torch.float32)\n"
         "out = torch.ops.ap_bucketing.pack_shards([x, x], torch.bfloat16)\n"
         "assert out.dtype == torch.bfloat16 and out.shape == (6,)\n"
+        "outs = torch.ops.ap_bucketing.cast_shards([out, x], torch.float64)\n"
+        "assert [o.dtype for o in outs] == [torch.float64] * 2\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
@@ -121,5 +124,87 @@ def test_the_pack_casts_and_concatenates_the_shards_in_one_multi_tensor_copy() -
     expected = torch.cat([s.reshape(-1).to(torch.bfloat16) for s in shards])
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    names = [e.name for e in prof.events()]
+    assert names.count("aten::_foreach_copy_") == 1, names
+
+
+def _mixed_precision_step(x: torch.Tensor, *shards: torch.Tensor) -> list[torch.Tensor]:
+    """fp32 shards gathered in bf16, as FSDP2 gathers with ``param_dtype=bf16``: the backward
+    reduce-scatters bf16 gradients and casts each reduced shard back to fp32 after its wait.
+    The last weight is scaled before its cast, so its reduced shard is cast and then doubled:
+    a cast that feeds compute."""
+    from ap_testing.distributed import gather_autograd
+
+    last = gather_autograd((shards[-1] * 2).to(torch.bfloat16))
+    weights = [gather_autograd(s.to(torch.bfloat16)) for s in shards[:-1]] + [last]
+    h = x.to(torch.bfloat16)
+    for w in weights:
+        h = torch.relu(h @ w.t())
+    loss = h.float().pow(2).mean()
+    return [loss, *torch.autograd.grad(loss, shards)]
+
+
+def test_a_reduce_scatter_buckets_output_casts_are_one_call(group: str) -> None:
+    """The reduced shards cast back to fp32 for the output are cast by one ``cast_shards``
+    call (no Inductor kernel per shard shape); the cast that feeds the doubling stays a cast of
+    its own; the gradients are bit-identical to the unbucketed graph's."""
+    from ap_bucketing._shard_casts import cast_shards_op
+    from torch._inductor.decomposition import select_decomp_table
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    shards = [torch.randn(16, 16, requires_grad=True) for _ in range(4)]
+    # Inductor's decompositions, as its post-grad graph has them: casts are
+    # prims.convert_element_type
+    gm = make_fx(
+        _mixed_precision_step, tracing_mode="fake", decomposition_table=select_decomp_table()
+    )(x, *shards)
+    with torch.no_grad():
+        expected = gm(x, *shards)
+    config = BucketingConfig(bucket_mode="coalesced", bucket_cap_mb=1000.0, max_topo_span=None)
+    bucketing = OverlapBucketingPass(config, cpu=True, reorder="prefetch")
+    bucketing(gm.graph)
+    gm.recompile()
+    assert bucketing.reports[-1]["collectives"]["reduce_scatter"] == (4, 1)
+    (merged,) = gm.graph.find_nodes(op="call_function", target=cast_shards_op())
+    shard_waits = merged.args[0]
+    assert isinstance(shard_waits, list) and len(shard_waits) == 3
+    assert all("wait_tensor" in str(w.target) for w in shard_waits)
+    # the fourth reduced shard: cast, then doubled -- left for Inductor to fuse
+    rs = gm.graph.find_nodes(
+        op="call_function",
+        target=torch.ops._c10d_functional.reduce_scatter_tensor_coalesced.default,
+    )
+    waits = [w for g in rs[0].users for w in g.users]
+    (kept,) = [w for w in waits if w not in shard_waits]
+    (cast,) = kept.users
+    assert cast.target is torch.ops.prims.convert_element_type.default
+    assert [u.target for u in cast.users] == [torch.ops.aten.mul.Tensor]
+    with torch.no_grad():
+        got = gm(x, *shards)
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype and a.stride() == b.stride()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_cast_shards_casts_each_shard_in_one_multi_tensor_copy() -> None:
+    """Each output has its shard's shape, strides and values cast to the dtype, in one
+    ``_foreach_copy_`` call (on CUDA one multi-tensor kernel, not one per shard)."""
+    from ap_bucketing._shard_casts import cast_shards_op
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    shards = [
+        torch.randn(4, 3, dtype=torch.bfloat16),
+        torch.randn(3, 5, dtype=torch.bfloat16).t(),  # non-contiguous
+        torch.randn(7, dtype=torch.bfloat16),
+        torch.randn(0, dtype=torch.bfloat16),
+    ]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        outs = cast_shards_op()(shards, torch.float32)
+    for out, shard in zip(outs, shards, strict=True):
+        assert out.dtype == torch.float32
+        assert out.shape == shard.shape and out.stride() == shard.stride()
+        torch.testing.assert_close(out, shard.to(torch.float32), rtol=0, atol=0)
     names = [e.name for e in prof.events()]
     assert names.count("aten::_foreach_copy_") == 1, names

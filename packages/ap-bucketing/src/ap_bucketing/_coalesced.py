@@ -21,6 +21,8 @@ span-bounded, no dependent members) over the FSDP collectives of the FSDP groups
 member keeps its wait where its old wait was (the coalesced collective issues where the bucket's
 first member did, the reduce-scatter after its last gradient), so the graph's order means what
 it meant. A member whose input is not available at the bucket's issue point stays unbucketed.
+A reduce-scatter bucket's shards cast back to their parameters' dtype for the output are cast
+in one call too (``ap_bucketing::cast_shards``, :mod:`._shard_casts`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch.fx as fx
 from . import _compat
 from ._config import BucketingConfig
 from ._greedy import bucket_collectives
+from ._shard_casts import merge_shard_casts
 from ._sizes import hint_int
 
 log = logging.getLogger(__name__)
@@ -192,6 +195,7 @@ def _merge_reduce_scatters(graph: fx.Graph, bucket: list[fx.Node], pos: dict[fx.
         out.meta["val"] = coll.meta["val"][index]
         outs.append(out)
         anchor = out
+    waits = []
     for index, rs in enumerate(bucket):
         old_wait = _wait_of(rs)
         assert old_wait is not None
@@ -206,6 +210,8 @@ def _merge_reduce_scatters(graph: fx.Graph, bucket: list[fx.Node], pos: dict[fx.
         old_wait.replace_all_uses_with(wait)
         graph.erase_node(old_wait)
         graph.erase_node(rs)
+        waits.append(wait)
+    merge_shard_casts(graph, waits)
     return True
 
 

@@ -57,6 +57,7 @@ from ._replicate import (
     gradient_all_reduce_waits,
 )
 from ._rollback import checkpoint, restore, unsortable_nodes
+from ._shard_casts import cast_shards_op
 from ._sizes import collective_bytes
 from ._source import package_source_hash
 from ._waits import merge_duplicate_waits
@@ -112,6 +113,7 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
             # the compiled code that calls it without running this pass (the restarted job
             # failed with "no attribute 'pack_shards'")
             pack_shards_op()
+            cast_shards_op()
         _check_schedule_overrides(schedule_overrides)
         self.schedule_overrides: dict[str, object] = dict(schedule_overrides)
         self.reports: list[dict[str, object]] = []
