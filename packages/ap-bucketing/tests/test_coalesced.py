@@ -187,6 +187,55 @@ def test_a_reduce_scatter_buckets_output_casts_are_one_call(group: str) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_collectives_no_bucket_takes_cast_through_the_same_ops(group: str) -> None:
+    """With a byte cap no two collectives fit under, nothing is bucketed, and each FSDP
+    collective keeps its own all-gather or reduce-scatter; its cast still goes through the
+    bucket's opaque op (an all-gather's input is ``pack_shards`` of its one shard, viewed back;
+    an output cast is ``cast_shards`` of one), where Inductor would fuse it into a kernel
+    source no block shares. The cast that feeds the doubling stays; gradients bit-identical."""
+    from ap_bucketing._coalesced import pack_shards_op
+    from ap_bucketing._shard_casts import cast_shards_op
+    from torch._inductor.decomposition import select_decomp_table
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    shards = [torch.randn(16, 16, requires_grad=True) for _ in range(4)]
+    gm = make_fx(
+        _mixed_precision_step, tracing_mode="fake", decomposition_table=select_decomp_table()
+    )(x, *shards)
+    with torch.no_grad():
+        expected = gm(x, *shards)
+    config = BucketingConfig(bucket_mode="coalesced", bucket_cap_mb=1e-4, max_topo_span=None)
+    bucketing = OverlapBucketingPass(config, cpu=True, reorder="prefetch")
+    bucketing(gm.graph)
+    gm.recompile()
+    collectives = bucketing.reports[-1]["collectives"]
+    assert collectives["all_gather"] == (4, 4) and collectives["reduce_scatter"] == (4, 4)
+    all_gathers = gm.graph.find_nodes(
+        op="call_function", target=torch.ops._c10d_functional.all_gather_into_tensor.default
+    )
+    assert len(all_gathers) == 4
+    for ag in all_gathers:
+        view = ag.args[0]
+        assert isinstance(view, torch.fx.Node) and view.target is torch.ops.aten.view.default
+        assert view.args[0].target is pack_shards_op()  # type: ignore[union-attr]
+    singles = gm.graph.find_nodes(op="call_function", target=cast_shards_op())
+    assert [len(c.args[0]) for c in singles] == [1, 1, 1]  # type: ignore[arg-type]
+    kept = [
+        n
+        for n in gm.graph.find_nodes(
+            op="call_function", target=torch.ops.prims.convert_element_type.default
+        )
+        if "wait_tensor" in str(n.args[0].target)  # type: ignore[union-attr]
+    ]
+    assert [[u.target for u in c.users] for c in kept] == [[torch.ops.aten.mul.Tensor]]
+    with torch.no_grad():
+        got = gm(x, *shards)
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype and a.stride() == b.stride()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_cast_shards_casts_each_shard_in_one_multi_tensor_copy() -> None:
     """Each output has its shard's shape, strides and values cast to the dtype, in one
     ``_foreach_copy_`` call (on CUDA one multi-tensor kernel, not one per shard)."""

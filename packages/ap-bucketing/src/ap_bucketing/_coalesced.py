@@ -22,7 +22,8 @@ member keeps its wait where its old wait was (the coalesced collective issues wh
 first member did, the reduce-scatter after its last gradient), so the graph's order means what
 it meant. A member whose input is not available at the bucket's issue point stays unbucketed.
 A reduce-scatter bucket's shards cast back to their parameters' dtype for the output are cast
-in one call too (``ap_bucketing::cast_shards``, :mod:`._shard_casts`).
+in one call too (``ap_bucketing::cast_shards``, :mod:`._shard_casts`). A collective no bucket
+takes keeps its own collective, and its cast goes through the same two ops, as a bucket of one.
 """
 
 from __future__ import annotations
@@ -258,8 +259,59 @@ def bucket_coalesced(
             merge = _merge_all_gathers if kind == "all_gather" else _merge_reduce_scatters
             count += int(merge(gm.graph, bucket, pos))
         merged[kind] = count
+        # what no bucket took (a block of one weight, the embedding, the head) keeps its
+        # collective; its cast goes through the same opaque op a bucket's does
+        for coll in _unbucketed(gm.graph, filter_node, filter_wait):
+            if kind == "all_gather":
+                _pack_single_all_gather(gm.graph, coll)
+            else:
+                wait = _wait_of(coll)
+                assert wait is not None
+                merge_shard_casts(gm.graph, [wait], least=1)
     _compat.stable_topological_sort(gm.graph)
     return merged
+
+
+def _unbucketed(
+    graph: fx.Graph, filter_node: Callable[[fx.Node], bool], filter_wait: Callable[[fx.Node], bool]
+) -> list[fx.Node]:
+    """The collectives of one kind the merge left as they were, each with its one wait."""
+    found = []
+    for node in graph.nodes:
+        if node.op == "call_function" and filter_node(node):
+            wait = _wait_of(node)
+            if wait is not None and filter_wait(wait):
+                found.append(node)
+    return found
+
+
+def _pack_single_all_gather(graph: fx.Graph, ag: fx.Node) -> bool:
+    """An all-gather no bucket took, fed by a cast only it reads: the cast becomes
+    ``pack_shards`` of the one shard (viewed back to its shape), as in a bucket.
+
+    Inductor fuses such a cast into whatever kernel is nearest (the embedding's into the first
+    norm, the head's into the last block's residual add), and each such fusion is a kernel
+    source of its own -- one more C++ or Triton kernel for a cold compile to build, that no
+    other layer shares. Through the opaque op those kernels are the ones every block has.
+    """
+    src, absorbed = _shard_source(ag)
+    cast = ag.args[0]
+    if not absorbed or not isinstance(cast, fx.Node):
+        return False
+    shard = _val(src)
+    shape = list(shard.shape)
+    if not all(isinstance(d, int) for d in shape):  # a symbolic shard keeps its cast
+        return False
+    dtype = _val(cast).dtype
+    with graph.inserting_before(cast):
+        pack = graph.call_function(pack_shards_op(), ([src], dtype))
+        pack.meta["val"] = shard.new_empty((shard.numel(),), dtype=dtype)
+        view = graph.call_function(torch.ops.aten.view.default, (pack, shape))
+        view.meta["val"] = pack.meta["val"].view(shape)
+    _copy_meta(cast, pack, view)
+    ag.replace_input_with(cast, view)
+    graph.erase_node(cast)
+    return True
 
 
 def cap_fn(config: BucketingConfig, group_size: int | None) -> Callable[[int], float]:
