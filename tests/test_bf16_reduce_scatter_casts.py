@@ -97,7 +97,7 @@ def test_bucketed_bf16_reduced_shards_are_cast_in_one_call_and_match(
     for r in ranks:
         # one call per reduce-scatter bucket: a block's weights, and the final norm with the head
         assert r["cast_shards_calls"] >= 2, r["cast_shards_calls"]
-        assert r["cast_launches"] == 0 < r["unbucketed_cast_launches"], r
+        assert r["cast_launches"] <= 2 < r["unbucketed_cast_launches"], r
         # every gather's cast, a lone weight's included, is a pack_shards call
         assert r["gather_cast_kernels"] == 0 < r["unbucketed_gather_cast_kernels"], r
         assert r["layouts_agree"]

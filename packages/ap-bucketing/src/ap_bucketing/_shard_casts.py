@@ -67,11 +67,10 @@ def output_cast(wait: fx.Node) -> fx.Node | None:
     return cast
 
 
-def merge_shard_casts(graph: fx.Graph, waits: list[fx.Node], least: int = 2) -> int:
+def merge_shard_casts(graph: fx.Graph, waits: list[fx.Node]) -> int:
     """Replace the output casts of one coalesced reduce-scatter's ``waits`` by one
-    ``cast_shards`` call per target dtype (where at least ``least`` share it: 1 for a
-    reduce-scatter no bucket took, whose cast would otherwise be a kernel source of its own);
-    returns how many casts it took over.
+    ``cast_shards`` call per target dtype (where two or more share it); returns how many casts
+    it took over.
 
     The call goes right before the output, the casts' only reader: every wait it reads is
     before it, and a cast Inductor would have delayed to the end is not pulled forward (each
@@ -88,7 +87,7 @@ def merge_shard_casts(graph: fx.Graph, waits: list[fx.Node], least: int = 2) -> 
     (output,) = graph.find_nodes(op="output")
     taken = 0
     for dtype, casts in by_dtype.items():
-        if len(casts) < least:
+        if len(casts) < 2:
             continue
         with graph.inserting_before(output):
             merged = graph.call_function(cast_shards_op(), ([c.args[0] for c in casts], dtype))
