@@ -8,7 +8,8 @@ after the pass); 2-rank numerics through Inductor: ``tests/test_bucketing_stock_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -144,28 +145,48 @@ def _mixed_precision_step(x: torch.Tensor, *shards: torch.Tensor) -> list[torch.
     return [loss, *torch.autograd.grad(loss, shards)]
 
 
-def test_a_reduce_scatter_buckets_output_casts_are_one_call(group: str) -> None:
-    """The reduced shards cast back to fp32 for the output are cast by one ``cast_shards``
-    call (no Inductor kernel per shard shape); the cast that feeds the doubling stays a cast of
-    its own; the gradients are bit-identical to the unbucketed graph's."""
-    from ap_bucketing._shard_casts import cast_shards_op
+def _bucketed_mixed_precision_step(
+    bucket_cap_mb: float,
+) -> tuple[torch.fx.GraphModule, dict[str, Any], Callable[[], None]]:
+    """:func:`_mixed_precision_step` traced with Inductor's decompositions (as its post-grad
+    graph has them: casts are ``prims.convert_element_type``) and bucketed in the copy-free
+    form under ``bucket_cap_mb``; returns the graph, the pass's report, and a check that the
+    bucketed graph runs on the group to the unbucketed graph's outputs, bit for bit."""
     from torch._inductor.decomposition import select_decomp_table
 
     torch.manual_seed(0)
     x = torch.randn(8, 16)
     shards = [torch.randn(16, 16, requires_grad=True) for _ in range(4)]
-    # Inductor's decompositions, as its post-grad graph has them: casts are
-    # prims.convert_element_type
     gm = make_fx(
         _mixed_precision_step, tracing_mode="fake", decomposition_table=select_decomp_table()
     )(x, *shards)
     with torch.no_grad():
         expected = gm(x, *shards)
-    config = BucketingConfig(bucket_mode="coalesced", bucket_cap_mb=1000.0, max_topo_span=None)
+    config = BucketingConfig(
+        bucket_mode="coalesced", bucket_cap_mb=bucket_cap_mb, max_topo_span=None
+    )
     bucketing = OverlapBucketingPass(config, cpu=True, reorder="prefetch")
     bucketing(gm.graph)
     gm.recompile()
-    assert bucketing.reports[-1]["collectives"]["reduce_scatter"] == (4, 1)
+
+    def run_matches() -> None:
+        with torch.no_grad():
+            got = gm(x, *shards)
+        for a, b in zip(got, expected, strict=True):
+            assert a.dtype == b.dtype and a.stride() == b.stride()
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    return gm, bucketing.reports[-1], run_matches
+
+
+def test_a_reduce_scatter_buckets_output_casts_are_one_call(group: str) -> None:
+    """The reduced shards cast back to fp32 for the output are cast by one ``cast_shards``
+    call (no Inductor kernel per shard shape); the cast that feeds the doubling stays a cast of
+    its own; the gradients are bit-identical to the unbucketed graph's."""
+    from ap_bucketing._shard_casts import cast_shards_op
+
+    gm, report, run_matches = _bucketed_mixed_precision_step(bucket_cap_mb=1000.0)
+    assert report["collectives"]["reduce_scatter"] == (4, 1)
     (merged,) = gm.graph.find_nodes(op="call_function", target=cast_shards_op())
     shard_waits = merged.args[0]
     assert isinstance(shard_waits, list) and len(shard_waits) == 3
@@ -180,11 +201,7 @@ def test_a_reduce_scatter_buckets_output_casts_are_one_call(group: str) -> None:
     (cast,) = kept.users
     assert cast.target is torch.ops.prims.convert_element_type.default
     assert [u.target for u in cast.users] == [torch.ops.aten.mul.Tensor]
-    with torch.no_grad():
-        got = gm(x, *shards)
-    for a, b in zip(got, expected, strict=True):
-        assert a.dtype == b.dtype and a.stride() == b.stride()
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    run_matches()
 
 
 def test_a_gather_no_bucket_takes_casts_through_the_pack(group: str) -> None:
@@ -196,21 +213,9 @@ def test_a_gather_no_bucket_takes_casts_through_the_pack(group: str) -> None:
     gradient's life with it). Gradients bit-identical."""
     from ap_bucketing._coalesced import pack_shards_op
     from ap_bucketing._shard_casts import cast_shards_op
-    from torch._inductor.decomposition import select_decomp_table
 
-    torch.manual_seed(0)
-    x = torch.randn(8, 16)
-    shards = [torch.randn(16, 16, requires_grad=True) for _ in range(4)]
-    gm = make_fx(
-        _mixed_precision_step, tracing_mode="fake", decomposition_table=select_decomp_table()
-    )(x, *shards)
-    with torch.no_grad():
-        expected = gm(x, *shards)
-    config = BucketingConfig(bucket_mode="coalesced", bucket_cap_mb=1e-4, max_topo_span=None)
-    bucketing = OverlapBucketingPass(config, cpu=True, reorder="prefetch")
-    bucketing(gm.graph)
-    gm.recompile()
-    collectives = bucketing.reports[-1]["collectives"]
+    gm, report, run_matches = _bucketed_mixed_precision_step(bucket_cap_mb=1e-4)
+    collectives = report["collectives"]
     assert collectives["all_gather"] == (4, 4) and collectives["reduce_scatter"] == (4, 4)
     all_gathers = gm.graph.find_nodes(
         op="call_function", target=torch.ops._c10d_functional.all_gather_into_tensor.default
@@ -231,11 +236,7 @@ def test_a_gather_no_bucket_takes_casts_through_the_pack(group: str) -> None:
     assert (
         sorted(str(u.target) for c in kept for u in c.users) == ["aten.mul.Tensor"] + ["output"] * 3
     )
-    with torch.no_grad():
-        got = gm(x, *shards)
-    for a, b in zip(got, expected, strict=True):
-        assert a.dtype == b.dtype and a.stride() == b.stride()
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    run_matches()
 
 
 def test_cast_shards_casts_each_shard_in_one_multi_tensor_copy() -> None:
