@@ -102,3 +102,29 @@ def run_with_caches() -> RunWithCaches:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+#: ``spawn_from_root(fn, world_size, *args, timeout_s=...)``: ``ap_backend.demo.spawn_ranks``
+#: with the workspace root importable in the ranks.
+SpawnFromRoot = Callable[..., list[Any]]
+
+
+@pytest.fixture(scope="session")
+def spawn_from_root() -> SpawnFromRoot:
+    """``spawn_ranks`` for a rank function defined in a test module: the spawned ranks unpickle
+    it by its module's name (and may import ``zoo``), both found from the workspace root, which
+    is on ``sys.path`` only while they start (a spawned process copies the parent's path)."""
+    from ap_backend.demo import spawn_ranks
+
+    def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float) -> list[Any]:
+        root = str(ROOT)
+        added = root not in sys.path
+        if added:
+            sys.path.insert(0, root)
+        try:
+            return spawn_ranks(fn, world_size, *args, timeout_s=timeout_s)
+        finally:
+            if added:
+                sys.path.remove(root)
+
+    return spawn

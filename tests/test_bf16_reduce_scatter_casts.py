@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,18 +73,9 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict[str, Any]]:
-    from ap_backend.demo import spawn_ranks
-
-    root = str(Path(__file__).resolve().parent.parent)
-    added = root not in sys.path
-    if added:
-        sys.path.insert(0, root)
-    try:
-        return spawn_ranks(_rank, WORLD, timeout_s=900.0)
-    finally:
-        if added:
-            sys.path.remove(root)
+def ranks(spawn_from_root: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = spawn_from_root(_rank, WORLD, timeout_s=900.0)
+    return found
 
 
 @pytest.mark.multirank

@@ -410,31 +410,20 @@ def _judge(case: EpCase, rows: list[dict[str, Any]]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def spawned() -> tuple[list[EpCase], list[list[dict[str, Any]]], float, bool]:
+def spawned(
+    spawn_from_root: Any,
+) -> tuple[list[EpCase], list[list[dict[str, Any]]], float, bool]:
     """All examples in ONE 2-rank spawn."""
-    import sys
-    from pathlib import Path
-
-    from ap_backend.demo import spawn_ranks
-
     n = int(os.environ.get("AP_EP_PROPERTY_EXAMPLES", DEFAULT_EXAMPLES))
     seed = int(os.environ.get("AP_EP_PROPERTY_SEED", SEED))
     inductor = os.environ.get("AP_EP_PROPERTY_INDUCTOR", "0") == "1"
     cases = draw_cases(n, seed)
+    start = time.perf_counter()
+    # a budget per example (Inductor codegen of each forward and backward is the slow part)
+    budget = 120.0 + (120.0 if inductor else 30.0) * len(cases)
     # the ranks unpickle this module's _rank and import zoo: both from the workspace root
-    root = str(Path(__file__).resolve().parent.parent)
-    added = root not in sys.path
-    if added:
-        sys.path.insert(0, root)
-    try:
-        start = time.perf_counter()
-        # a budget per example (Inductor codegen of each forward and backward is the slow part)
-        budget = 120.0 + (120.0 if inductor else 30.0) * len(cases)
-        per_rank = spawn_ranks(_rank, WORLD, cases, inductor, timeout_s=budget)
-        wall = time.perf_counter() - start
-    finally:
-        if added:
-            sys.path.remove(root)
+    per_rank = spawn_from_root(_rank, WORLD, cases, inductor, timeout_s=budget)
+    wall = time.perf_counter() - start
     return cases, per_rank, wall, inductor
 
 

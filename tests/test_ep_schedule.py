@@ -27,9 +27,7 @@ serves its cases.
 from __future__ import annotations
 
 import os
-import sys
 from copy import deepcopy as copy_graph
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -213,18 +211,9 @@ def _rank(rank: int, world: int, cases: list[tuple[str, int, bool]]) -> list[dic
 
 
 @pytest.fixture(scope="module")
-def spawned() -> list[list[dict[str, Any]]]:
-    from ap_backend.demo import spawn_ranks
-
-    root = str(Path(__file__).resolve().parent.parent)
-    added = root not in sys.path
-    if added:
-        sys.path.insert(0, root)
-    try:
-        return spawn_ranks(_rank, WORLD, _cases(), timeout_s=900.0)
-    finally:
-        if added:
-            sys.path.remove(root)
+def spawned(spawn_from_root: Any) -> list[list[dict[str, Any]]]:
+    rows: list[list[dict[str, Any]]] = spawn_from_root(_rank, WORLD, _cases(), timeout_s=900.0)
+    return rows
 
 
 @pytest.mark.multirank
