@@ -61,7 +61,7 @@ def test_bucketing_is_on_by_default() -> None:
 def test_ap_bucketing_is_copy_free_unless_torch_schedules_or_the_caller_configures() -> None:
     """ap's own bucketing choice (``"auto"``, ``True``) without torch's overlap scheduler is the
     copy-free form: no flat buffer copied out to the members or gradients copied in. Under
-    torch's scheduler (one wait per collective: a flat bucket) and with ``ep_chunk`` it stays
+    torch's scheduler (which cannot take a coalesced bucket: a flat one) and with ``ep_chunk`` it stays
     ``BucketingConfig()``; a config of the caller's own is kept as given."""
     copy_free = BucketingConfig(bucket_mode="coalesced")
     assert autoparallel_backend().options.bucketing == copy_free

@@ -101,7 +101,9 @@ def copy_free_by_default(
     dim 1024, 299 copy-free) -- and holds the flat buffer beside its members while it copies
     out (two blocks' gathered bytes above ``bucketing=False`` at the peak, one copy-free).
     Not taken where it is not known to hold: under torch's overlap scheduler
-    (``overlap_scheduling=True``), which takes one wait per collective and so a flat bucket,
+    (``overlap_scheduling=True``), which cannot take a coalesced bucket (torch 2.11's takes one
+    wait per collective; torch 2.15.0's fails when it forces an earlier bucket's wait before
+    that wait's ``getitem`` is scheduled), so a flat bucket,
     and with ``ep_chunk`` (bucketing after the chunk schedule without a scheduler has been
     measured in neither form; ``"prefetch"`` refuses it)."""
     return (

@@ -104,9 +104,12 @@ class OverlapBucketingPass(_compat.CustomGraphPass):
         self.reorder: bool | str = reorder
         if reorder is True and self.config.bucket_mode == COALESCED:
             raise ValueError(
-                f"{_PASS}: bucket_mode={COALESCED!r} with reorder=True: torch's overlap "
-                "scheduler takes one wait per collective and a coalesced bucket has one per "
-                f"member; use reorder={PREFETCH!r} (ap's FSDP schedule) or reorder=False"
+                f"{_PASS}: bucket_mode={COALESCED!r} with reorder=True: a coalesced bucket "
+                "has one wait per member, behind a getitem; torch 2.11's overlap scheduler "
+                "takes one wait per collective, and torch 2.15.0's, which pairs them, fails "
+                "when it forces an earlier bucket's wait before that wait's getitem is "
+                "scheduled ('has unscheduled input nodes'); use "
+                f"reorder={PREFETCH!r} (ap's FSDP schedule) or reorder=False"
             )
         if self.config.bucket_mode == COALESCED:
             # registered now, not when the pass first buckets: a warm FX-graph cache serves
