@@ -82,6 +82,13 @@ for) and warm first step s (the same in the warm run). Kernels on each device:
   with no ``aten::`` op above it: extern kernels such as ``mm``, fallbacks, the autograd
   engine's own ops), and the sum of their CPU times. This is a CPU analogue, not a GPU count.
 
+GFLOP / step: the FLOPs of the ops ``torch.utils.flop_counter`` has a formula for and can
+apply to the shapes the profiler records on the host (``record_shapes``): matmuls and
+attention (a convolution's formula needs its output shape, which is not recorded: it logs a
+warning and counts 0), each such op with none above it, over the same profiled steps; on any device, so the
+compute a row's recomputation adds is measured on CPU too (ratio to plain's in brackets). Its
+formulas count causal attention as full attention.
+
 A second table lists every worker: round, cold or warm, process id, wall seconds (start to
 exit, imports included), its cache directory and the FX-graph / AOTAutograd cache hits and
 misses it counted (a cold run has no hit; a warm one should).
@@ -112,6 +119,7 @@ _T0 = time.time()  # the --budget-s clock starts here, before torch is imported
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
@@ -134,6 +142,8 @@ from ap_testing.distributed import fake_world  # noqa: E402
 from torch import nn  # noqa: E402
 
 from benchmarks import markdown_table  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 WORLD = 8
 ROOT = Path(__file__).resolve().parent.parent
@@ -341,20 +351,90 @@ def _is_kernel_event(event: Any, device: str) -> bool:
     return True
 
 
-def profile_step(step: Callable[[], None], device: str, steps: int = 1) -> tuple[float, float]:
-    """Kernels and their total time (ms) per call of ``step``, over ``steps`` calls (see the
-    module docstring)."""
+def _formula(event: Any) -> Any | None:
+    """``torch.utils.flop_counter``'s FLOP formula for a host-side ``aten::`` event's op."""
+    from torch._C._autograd import DeviceType
+    from torch.utils.flop_counter import flop_registry
+
+    if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+        return None
+    packet = getattr(torch.ops.aten, event.name.removeprefix("aten::"), None)
+    return None if packet is None else flop_registry.get(packet)
+
+
+def _counted_once(event: Any) -> bool:
+    """An op with a FLOP formula and none above it: what compiled code calls (an extern
+    ``mm``, an attention op) counted once -- not the ``mm`` inside an eager ``addmm`` chain,
+    and the ``mm`` inside an eager ``matmul`` (which has no formula) is still counted."""
+    if _formula(event) is None:
+        return False
+    parent = event.cpu_parent
+    while parent is not None:
+        if _formula(parent) is not None:
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def _event_args(event: Any) -> list[object]:
+    """The op's positional arguments as the profiler recorded them (``record_shapes``):
+    tensors as meta tensors of their shapes, scalars as the concrete values, else None."""
+    shapes = list(event.input_shapes or [])
+    concrete = list(getattr(event, "concrete_inputs", None) or [])
+    types = list(getattr(event, "input_dtypes", None) or [])
+    args: list[object] = []
+    for i, shape in enumerate(shapes):
+        kind = types[i] if i < len(types) else ""
+        if shape and kind not in ("Scalar", "ScalarList", "GenericList", "TensorList"):
+            args.append(torch.empty(shape, device="meta"))
+        else:
+            args.append(concrete[i] if i < len(concrete) and concrete[i] != "" else None)
+    return args
+
+
+def event_flops(event: Any) -> int | None:
+    """FLOPs of one top-level op by ``torch.utils.flop_counter``'s formula for it (from the
+    shapes the profiler recorded), 0 for an op it has no formula for, None when the formula
+    cannot read the recorded arguments."""
+    formula = _formula(event)
+    if formula is None:
+        return 0
+    try:
+        return int(formula(*_event_args(event), out_val=None))
+    except Exception:  # a formula that needs an argument the profiler did not record
+        return None
+
+
+def profile_step(
+    step: Callable[[], None], device: str, steps: int = 1
+) -> tuple[float, float, float]:
+    """Kernels, their total time (ms) and the GFLOPs of the ops with a FLOP formula (matmuls,
+    attention) per call of ``step``, over ``steps`` calls (see the module
+    docstring). The FLOPs count what ran, recomputation included, on any device: the part of
+    a step's time that does not depend on the device's memory bandwidth or launch overhead."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         for _ in range(steps):
             step()
         _sync(device)
-    kernels = [e for e in prof.events() if _is_kernel_event(e, device)]
-    return len(kernels) / steps, sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
+    events = prof.events()
+    kernels = [e for e in events if _is_kernel_event(e, device)]
+    flops = 0
+    for event in events:
+        if _counted_once(event):
+            counted = event_flops(event)
+            if counted is None:
+                log.warning("benchmarks.gpu: no FLOP count for %s", event.name)
+            flops += counted or 0
+    return (
+        len(kernels) / steps,
+        sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps,
+        flops / 1e9 / steps,
+    )
 
 
 def _make(
@@ -473,7 +553,7 @@ def measure_row(
             row["peak_bytes"] = int(torch.cuda.max_memory_allocated())
         else:
             row["peak_bytes"] = None
-        row["kernels_per_step"], row["kernel_ms"] = profile_step(
+        row["kernels_per_step"], row["kernel_ms"], row["gflops_per_step"] = profile_step(
             step, device, settings.profile_steps
         )
         if backend is not None:
@@ -858,16 +938,29 @@ _COLUMNS = (
     ("saved for backward", "l"),
     ("kernels / step", "r"),
     ("kernel ms", "r"),
+    ("GFLOP / step", "r"),
     ("generated kernels", "r"),
     ("first step s (cold)", "r"),
     ("warm first step s", "r"),
 )
 
 
+def _gflops_cell(first: dict[str, Any], plain: dict[str, Any] | None) -> str:
+    """A row's GFLOPs per step and, beside plain's, the ratio (recomputation shows here)."""
+    gflops = first.get("gflops_per_step")
+    if gflops is None:  # a record from before the column
+        return "-"
+    cell = f"{gflops:,.1f}" if gflops >= 100 else f"{gflops:.3g}"
+    base = None if plain is None else plain.get("gflops_per_step")
+    if base and first is not plain:
+        cell += f" ({gflops / base:.2f}x)"
+    return cell
+
+
 def _row_cells(key: str, row: dict[str, Any], plain: dict[str, Any] | None) -> list[object]:
     ok = [r for r in row["runs"] if r.get("status") == "ok"]
     if not ok:
-        return [row["label"], row["status"], "", "", "", "", "", "", ""]
+        return [row["label"], row["status"], "", "", "", "", "", "", "", ""]
     first = ok[0]
     step = [r["step_ms"] for r in ok]
     step_cell = f"{statistics.median(step):.1f}"
@@ -898,6 +991,7 @@ def _row_cells(key: str, row: dict[str, Any], plain: dict[str, Any] | None) -> l
         saved,
         f"{statistics.median(r['kernels_per_step'] for r in ok):,.0f}",
         f"{statistics.median(r['kernel_ms'] for r in ok):.1f}",
+        _gflops_cell(first, plain),
         first["generated_kernels"],
         compile_cell,
         warm_cell,

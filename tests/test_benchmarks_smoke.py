@@ -115,6 +115,7 @@ def _check_gpu_rows(result: dict[str, Any]) -> None:
         assert row["step_ms"] > 0 and row["compile_s"] > 0, key
         assert row["generated_kernels"] > 0 and row["kernels_per_step"] > 0, key
         assert row["kernel_ms"] > 0 and row["peak_bytes"] is None, key  # CPU: no peak
+        assert row["gflops_per_step"] > 0, key  # the model's matmuls, counted from shapes
         assert row["saved_bytes"] >= 0 and row["saved_tensors"] >= 0, key
         assert [r["phase"] for r in row["runs"]] == ["cold"] and row["warm_runs"] == [], key
         assert row["cache"]["fxgraph_hit"] == 0 and row["cache"]["fxgraph_miss"] > 0, key
@@ -128,3 +129,5 @@ def _check_gpu_rows(result: dict[str, Any]) -> None:
     assert 0 < default["saved_bytes"] <= plain["saved_bytes"]
     assert rows["ap_budget"]["budget_bytes"] == default["saved_bytes"] // 2
     assert rows["ap_budget"]["saved_bytes"] <= rows["ap_budget"]["budget_bytes"]
+    # what the budget stops saving the backward recomputes: never fewer FLOPs than the default
+    assert rows["ap_budget"]["gflops_per_step"] >= default["gflops_per_step"]
