@@ -80,7 +80,9 @@ for) and warm first step s (the same in the warm run). Kernels on each device:
 * CPU: the Inductor C++ kernels (``cpp_fused_*``, recorded with
   ``torch._inductor.config.cpp.enable_kernel_profile``) plus every top-level ``aten::`` op (one
   with no ``aten::`` op above it: extern kernels such as ``mm``, fallbacks, the autograd
-  engine's own ops), and the sum of their CPU times. This is a CPU analogue, not a GPU count.
+  engine's own ops) and each collective call (``_c10d_functional::``) as one, not the process
+  group's host-side work inside it, and the sum of their CPU times. This is a CPU analogue,
+  not a GPU count.
 
 GFLOP / step: the FLOPs of the ops ``torch.utils.flop_counter`` has a formula for and can
 apply to the shapes the profiler records on the host (``record_shapes``): matmuls and
@@ -329,7 +331,19 @@ def _summary(s: SavedSummary) -> dict[str, int]:
     }
 
 
+#: host-side events of a process group's collective: its call and the backend's own work
+_COLLECTIVE_PREFIXES = ("_c10d_functional::", "c10d::")
+
+
+def _is_collective_event(name: str) -> bool:
+    return name.startswith(_COLLECTIVE_PREFIXES)
+
+
 def _is_kernel_event(event: Any, device: str) -> bool:
+    """A kernel of one step (see the module docstring). On CPU a collective is one launch:
+    the host-side work of the process group behind it (the fake and gloo backends chunk and
+    copy per member and per rank: 144 ``aten::copy_`` in one coalesced all-gather of the
+    tiny kit) is the backend's, as NCCL's grouped launch is one device kernel."""
     from torch._C._autograd import DeviceType
 
     if device == "cuda":  # kernels, memcpy, memset; not the record_function spans
@@ -339,13 +353,12 @@ def _is_kernel_event(event: Any, device: str) -> bool:
     if event.device_type != DeviceType.CPU:
         return False
     name: str = event.name
-    if name.startswith("cpp_fused"):
-        return True
-    if not name.startswith("aten::"):
+    collective = name.startswith("_c10d_functional::")
+    if not (name.startswith("cpp_fused") or name.startswith("aten::") or collective):
         return False
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name.startswith("aten::"):
+        if parent.name.startswith("aten::") or _is_collective_event(parent.name):
             return False
         parent = parent.cpu_parent
     return True

@@ -100,3 +100,26 @@ def test_compiled_code_and_recomputation_are_counted(profile_step: ProfileStep) 
     _, _, recomputed = profile_step(checkpointed_step, "cpu")
     assert plain * 1e9 == 3 * _mm_flops()
     assert recomputed * 1e9 == 4 * _mm_flops()
+
+
+def test_a_collective_is_one_cpu_kernel_not_its_process_groups_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CPU the fake and gloo backends chunk and copy inside a coalesced collective, per
+    member and rank: that is the process group's work, so the collective counts as one kernel
+    and the ``aten::`` ops inside it as none; a top-level ``mm`` still counts."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from torch._C._autograd import DeviceType
+
+    from benchmarks import gpu
+
+    def event(name: str, parent: object = None) -> Any:
+        return SimpleNamespace(name=name, device_type=DeviceType.CPU, cpu_parent=parent)
+
+    graph = event("## Call CompiledFxGraph ##")
+    call = event("_c10d_functional::all_gather_into_tensor_coalesced", graph)
+    backend = event("c10d::allgather_into_tensor_coalesced_", call)
+    copies = [event("aten::copy_", backend), event("aten::empty", call)]
+    mm = event("aten::mm", graph)
+    counted = [gpu._is_kernel_event(e, "cpu") for e in (call, backend, *copies, mm)]
+    assert counted == [True, False, False, False, True]
