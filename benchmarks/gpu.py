@@ -87,9 +87,9 @@ for) and warm first step s (the same in the warm run). Kernels on each device:
 GFLOP / step: the FLOPs of the ops ``torch.utils.flop_counter`` has a formula for and can
 apply to the shapes the profiler records on the host (``record_shapes``): matmuls and
 attention (a convolution's formula needs its output shape, which is not recorded: it logs a
-warning and counts 0), each such op with none above it, over the same profiled steps; on any device, so the
-compute a row's recomputation adds is measured on CPU too (ratio to plain's in brackets). Its
-formulas count causal attention as full attention.
+warning and counts 0), each such op with none above it, over the same profiled steps. It
+holds on any device, so the compute a row's recomputation adds is measured on CPU too (ratio
+to plain's in brackets). Its formulas count causal attention as full attention.
 
 A second table lists every worker: round, cold or warm, process id, wall seconds (start to
 exit, imports included), its cache directory and the FX-graph / AOTAutograd cache hits and
@@ -353,8 +353,7 @@ def _is_kernel_event(event: Any, device: str) -> bool:
     if event.device_type != DeviceType.CPU:
         return False
     name: str = event.name
-    collective = name.startswith("_c10d_functional::")
-    if not (name.startswith("cpp_fused") or name.startswith("aten::") or collective):
+    if not (name.startswith(("cpp_fused", "aten::")) or _is_collective_event(name)):
         return False
     parent = event.cpu_parent
     while parent is not None:
@@ -377,8 +376,9 @@ def _formula(event: Any) -> Any | None:
 
 def _counted_once(event: Any) -> bool:
     """An op with a FLOP formula and none above it: what compiled code calls (an extern
-    ``mm``, an attention op) counted once -- not the ``mm`` inside an eager ``addmm`` chain,
-    and the ``mm`` inside an eager ``matmul`` (which has no formula) is still counted."""
+    ``mm``, an attention op) counted once. Eager CUDA attention nests one op with a formula
+    in another (``_flash_attention_forward`` in ``_scaled_dot_product_flash_attention``):
+    only the outer counts. The ``mm`` inside an eager ``matmul`` (no formula) counts."""
     if _formula(event) is None:
         return False
     parent = event.cpu_parent
@@ -422,9 +422,9 @@ def profile_step(
     step: Callable[[], None], device: str, steps: int = 1
 ) -> tuple[float, float, float]:
     """Kernels, their total time (ms) and the GFLOPs of the ops with a FLOP formula (matmuls,
-    attention) per call of ``step``, over ``steps`` calls (see the module
-    docstring). The FLOPs count what ran, recomputation included, on any device: the part of
-    a step's time that does not depend on the device's memory bandwidth or launch overhead."""
+    attention) per call of ``step``, over ``steps`` calls (see the module docstring), from
+    one walk of the profiled events. The FLOPs count what ran, recomputation included, on any
+    device: the part of a step's time that does not depend on memory bandwidth or launches."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -434,20 +434,17 @@ def profile_step(
         for _ in range(steps):
             step()
         _sync(device)
-    events = prof.events()
-    kernels = [e for e in events if _is_kernel_event(e, device)]
-    flops = 0
-    for event in events:
+    kernels, kernel_us, flops = 0, 0.0, 0
+    for event in prof.events():
+        if _is_kernel_event(event, device):
+            kernels += 1
+            kernel_us += event.time_range.elapsed_us()
         if _counted_once(event):
             counted = event_flops(event)
             if counted is None:
                 log.warning("benchmarks.gpu: no FLOP count for %s", event.name)
             flops += counted or 0
-    return (
-        len(kernels) / steps,
-        sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps,
-        flops / 1e9 / steps,
-    )
+    return kernels / steps, kernel_us / 1e3 / steps, flops / 1e9 / steps
 
 
 def _make(
