@@ -377,6 +377,88 @@ def test_two_rank_record_undetermined_only_when_every_missing_rank_is() -> None:
     assert (merged["vs_stock_loss_rel"], merged["vs_stock_grad_rel"]) == (1e-7, 3e-4)
     assert _merge([r0, r2])["eager_undetermined"] is False
     assert _merge([ok, ok])["eager_undetermined"] is None
+    # a rank within tol ran the references too (another rank missed; their collectives need
+    # both): what it measured is not judged, whatever it is
+    joined = {**ok, "eager_undetermined": False, "vs_stock_grad_rel": 0.5}
+    joined |= {"fp64_grad_rel": 9.0, "fp64_eager_grad_rel": 1e-9, "jitter_eager_grad_rel": 1.0}
+    r0 |= {"fp64_grad_rel": 0.1, "fp64_eager_grad_rel": 0.01, "jitter_eager_grad_rel": 0.2}
+    for parts in ([r0, joined], [joined, r0]):
+        merged = _merge(parts)
+        assert merged["eager_undetermined"] is True and merged["vs_stock_grad_rel"] == 1e-6
+        assert (merged["fp64_grad_rel"], merged["fp64_eager_grad_rel"]) == (0.1, 0.01)
+        assert merged["jitter_eager_grad_rel"] == 0.2
+    assert _merge([joined, joined])["fp64_grad_rel"] is None
+
+
+def test_one_ulp_jitter_beyond_tol_makes_eager_undetermined(
+    monkeypatch: pytest.MonkeyPatch, gloo: None
+) -> None:
+    """Eager fp32 may land on the fp64 answer's side of a kink by chance (torchvision's
+    ResNet-18 at 2 ranks on an AVX2 CPU: 2.5e-5 from fp64, stock compile 1.2e-1 away): the
+    one-ulp jitter of eager's parameters, not the fp64 distance alone, says whether fp32
+    determines the gradients; a jitter within tol leaves eager determined."""
+    import zoo.run as zr
+
+    grads = [{"w": torch.ones(4)}]
+    near = [{"w": torch.ones(4) * (1 + 1e-6)}]
+    far = [{"w": torch.ones(4) * 1.2}]
+    monkeypatch.setattr(zr, "_eager_fp64", lambda *a: ([1.0], near))
+    zm = MODELS["nn_transformer_encoder"](1)
+    for jitter, undetermined in ((far, True), (near, False)):
+        monkeypatch.setattr(zr, "_eager_jittered", lambda *a, j=jitter: ([1.0], j))
+        res = CaseResult(model="nn_transformer_encoder", config="default", steps=1)
+        zr._record_numerics(res, zm, 0, ["x"], ([1.0], grads), ([1.0], far))
+        assert res.fp64_eager_grad_rel is not None and res.fp64_eager_grad_rel < 1e-5
+        assert res.eager_undetermined is undetermined, res
+        assert res.jitter_eager_grad_rel == pytest.approx(0.2 if undetermined else 1e-6, rel=0.1)
+
+
+def test_jittered_parameters_move_by_at_most_one_ulp(gloo: None) -> None:
+    """The jitter run's model: every parameter element times ``1 +- 2**-24`` (at most one
+    fp32 ulp of it), the same signs on every call with the same seed."""
+    import zoo.run as zr
+
+    seen: list[list[torch.Tensor]] = []
+    orig = zr._sharded_step
+
+    def capture(zm: Any, module: Any = None) -> Any:
+        seen.append([p.detach().clone() for p in zm.module.parameters()])
+        return orig(zm, module)
+
+    ref = [p.detach() for p in MODELS["nn_transformer_encoder"](1).module.parameters()]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(zr, "_sharded_step", capture)
+    mp.setattr(zr, "_train", lambda *a, **k: ([], []))
+    try:
+        for seed in (0, 0, 1):
+            zr._eager_jittered("nn_transformer_encoder", 1, 0, seed)
+    finally:
+        mp.undo()
+    for got in seen:
+        for g, r in zip(got, ref, strict=True):
+            ulp = torch.finfo(torch.float32).eps * r.abs()
+            assert bool(((g - r).abs() <= ulp).all())
+        assert any(not torch.equal(g, r) for g, r in zip(got, ref, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(seen[0], seen[2], strict=True))
+
+
+def _any_rank_on(rank: int, world: int) -> list[bool]:
+    from zoo.run import any_rank
+
+    return [any_rank(rank == 1), any_rank(False), any_rank(True)]
+
+
+@pytest.mark.multirank
+def test_references_with_collectives_are_decided_alike_on_every_rank(
+    spawn_from_root: Any,
+) -> None:
+    """The fp64 / jitter / stock references run the sharded step's collectives: when one rank
+    misses the fp32 tolerances and the other does not, both must run them (run apart, the
+    ranks' collectives pair an fp64 all-gather with an fp32 one: gloo aborted timm's
+    resnet10t at 2 ranks with ``1296 vs 648`` bytes)."""
+    found = spawn_from_root(_any_rank_on, 2, timeout_s=300.0)
+    assert found == [[True, False, True], [True, False, True]]
 
 
 def test_two_rank_record_keeps_the_worst_rank() -> None:

@@ -93,9 +93,13 @@ class CaseResult:
     fp64_eager_grad_rel: float | None = None
     fp64_loss_rel: float | None = None
     fp64_grad_rel: float | None = None
+    # eager fp32 with its parameters jittered by one ulp against eager fp32 (the worst of
+    # ``zoo.run.JITTER_SEEDS`` sign patterns; measured with the fp64 reference)
+    jitter_eager_grad_rel: float | None = None
     # where that fp64 reference shows eager fp32 itself further from the exact answer than the
-    # fp32 tolerances (``eager_undetermined``), the compiled run against plain torch.compile of
-    # the same step on the same batches (see :func:`matches_stock_where_undetermined`)
+    # fp32 tolerances, or the jitter moves its gradients further (``eager_undetermined``), the
+    # compiled run against plain torch.compile of the same step on the same batches (see
+    # :func:`matches_stock_where_undetermined`)
     eager_undetermined: bool | None = None
     vs_stock_loss_rel: float | None = None
     vs_stock_grad_rel: float | None = None

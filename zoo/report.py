@@ -89,6 +89,8 @@ def _fp64_text(r: CaseResult) -> str:
         f"{_e(r.fp64_grad_rel)}, eager fp32 loss {_e(r.fp64_eager_loss_rel)} / grad "
         f"{_e(r.fp64_eager_grad_rel)}"
     )
+    if r.jitter_eager_grad_rel is not None:
+        text += f", eager fp32 jittered by one ulp grad {_e(r.jitter_eager_grad_rel)}"
     if r.eager_undetermined:
         text += "; eager fp32 undetermined"
         if r.vs_stock_grad_rel is not None:
@@ -167,8 +169,9 @@ Parameters are FSDP-style dim-0 shards all-gathered in forward (`zoo/fsdp.py`).
   judged as torch's own accuracy check does (`torch._dynamo.utils.same` with an fp64
   reference): it passes when its distance to eager fp64 of the same sharded step is at most
   {FP64_MULTIPLIER:g} x eager fp32's (both floored at tol); and where eager fp32 is itself
-  further than tol from eager fp64 (*eager fp32 undetermined*: a ReLU + BatchNorm network at a
-  kink, zoo/README.md "Two ranks"), when it matches plain `torch.compile` of the same step on
+  further than tol from eager fp64, or eager fp32 on parameters jittered by one ulp is further
+  than tol from eager fp32 (*eager fp32 undetermined*: a ReLU + BatchNorm network at a kink,
+  zoo/README.md "Two ranks"), when it matches plain `torch.compile` of the same step on
   the same batches within tol. Such rows are listed under *fp64-judged*.
 * **FSDP chains**: all-gather chains ap-tags found in the first compilation / parameter shards.
 * **first partition**: `PrecompiledModule.first_partition` (distinct saved storages / bytes);

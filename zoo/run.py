@@ -78,6 +78,9 @@ __all__ = [
 ]
 
 LR = 1e-2
+#: sign patterns of the one-ulp parameter jitter that tells whether fp32 determines a
+#: model's gradients (``zoo.kinks`` measures 8; the zoo's fp32 ResNets move on every one)
+JITTER_SEEDS = 2
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,7 +282,11 @@ def _record_numerics(
     res.losses_eager, res.losses_compiled = eager[0], compiled[0]
     res.loss_rel = _loss_rel(compiled[0], eager[0])
     res.grad_rel, res.grad_worst = _grads_rel(compiled[1], eager[1])
-    if zm.bf16 or (res.loss_rel <= FP32_RTOL and res.grad_rel <= FP32_GRAD_RTOL):
+    missed = not zm.bf16 and (res.loss_rel > FP32_RTOL or res.grad_rel > FP32_GRAD_RTOL)
+    # the references below run the sharded step, whose collectives every rank must join: a
+    # rank that met the tolerances runs them too when another rank missed (its record keeps
+    # them; ``zoo.worker._merge`` judges only the ranks that missed)
+    if not any_rank(missed):
         return
     stage[0] = "eager fp64 reference"
     ref = _eager_fp64(res.model, res.steps, rank)
@@ -287,9 +294,28 @@ def _record_numerics(
     res.fp64_eager_grad_rel = _grads_rel(eager[1], ref[1])[0]
     res.fp64_loss_rel = _loss_rel(compiled[0], ref[0])
     res.fp64_grad_rel = _grads_rel(compiled[1], ref[1])[0]
-    res.eager_undetermined = (
-        res.fp64_eager_loss_rel > FP32_RTOL or res.fp64_eager_grad_rel > FP32_GRAD_RTOL
+    stage[0] = "eager fp32, parameters jittered by one ulp"
+    res.jitter_eager_grad_rel = max(
+        _grads_rel(_eager_jittered(res.model, res.steps, rank, seed)[1], eager[1])[0]
+        for seed in range(JITTER_SEEDS)
     )
+    res.eager_undetermined = (
+        res.fp64_eager_loss_rel > FP32_RTOL
+        or res.fp64_eager_grad_rel > FP32_GRAD_RTOL
+        or res.jitter_eager_grad_rel > FP32_GRAD_RTOL
+    )
+
+
+def any_rank(flag: bool) -> bool:
+    """``flag`` or'ed over the default process group (``flag`` alone without one): the
+    decision to run a reference that issues collectives, taken alike on every rank."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def _eager_fp64(model: str, steps: int, rank: int) -> Run:
@@ -303,6 +329,22 @@ def _eager_fp64(model: str, steps: int, rank: int) -> Run:
         for batch in _rank_batches(zm, rank)
     ]
     return _train(step, _shard_params(step), batches)
+
+
+def _eager_jittered(model: str, steps: int, rank: int, seed: int) -> Run:
+    """The same model (rebuilt from its seed) with every parameter element multiplied by
+    ``1 +- 2**-24`` (one ulp of fp32 at most; signs drawn from ``seed``, the same on every
+    rank), sharded the same way and trained in fp32 on the same batches: how far fp32 rounding
+    alone moves the gradients (see :func:`zoo.verdict.matches_stock_where_undetermined`)."""
+    zm = MODELS[model](steps)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in zm.module.parameters():
+            if p.is_floating_point():
+                sign = 2 * torch.randint(0, 2, p.shape, generator=gen, dtype=p.dtype) - 1
+                p.mul_(1 + 2.0**-24 * sign)
+    step = _sharded_step(zm)
+    return _train(step, _shard_params(step), _rank_batches(zm, rank))
 
 
 def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[str]) -> None:
@@ -356,7 +398,7 @@ def _run_ap(res: CaseResult, zm: ZooModel, config: str, rank: int, stage: list[s
         res.backend_s = sum(backend.compile_seconds) if backend.compile_seconds else None
         res.backend_calls = len(backend.compile_seconds)
     _record_numerics(res, zm, rank, stage, (ref_losses, ref_grads), (losses, grads))
-    if res.eager_undetermined:
+    if any_rank(bool(res.eager_undetermined)):
         stage[0] = "stock torch.compile (eager fp32 undetermined)"
         state.restore()
         torch._dynamo.reset()  # the step's frames compile afresh with stock Inductor
