@@ -39,7 +39,7 @@ from torch import nn  # noqa: E402
 
 from zoo.models import MODELS  # noqa: E402
 from zoo.models._base import ZooModel  # noqa: E402
-from zoo.run import FP32_GRAD_RTOL, LR, _grads_rel  # noqa: E402
+from zoo.run import FP32_GRAD_RTOL, LR, _grads_rel, jitter_one_ulp  # noqa: E402
 
 Grads = list[dict[str, torch.Tensor]]
 
@@ -61,11 +61,7 @@ def train(
     gradients by parameter name."""
     module = copy.deepcopy(zm.module).to(dtype)
     if jitter_seed is not None:
-        gen = torch.Generator().manual_seed(jitter_seed)
-        with torch.no_grad():
-            for p in module.parameters():
-                sign = 2 * torch.randint(0, 2, p.shape, generator=gen, dtype=dtype) - 1
-                p.mul_(1 + 2.0**-24 * sign)
+        jitter_one_ulp(module, jitter_seed)
     fn = module if wrap is None else wrap(module)
     params = dict(module.named_parameters())
     out: Grads = []

@@ -51,12 +51,15 @@ from zoo.verdict import (
     Verdict,
     evaluate,
     matches_stock_where_undetermined,
+    misses_fp32,
     numerics_tolerance,
     within_fp64_reference,
 )
 
 __all__ = [
     "AP_CONFIGS",
+    "any_rank",
+    "jitter_one_ulp",
     "BACKEND_CONFIGS",
     "BUCKET_FORM_CONFIGS",
     "BUDGET_CONFIGS",
@@ -282,7 +285,7 @@ def _record_numerics(
     res.losses_eager, res.losses_compiled = eager[0], compiled[0]
     res.loss_rel = _loss_rel(compiled[0], eager[0])
     res.grad_rel, res.grad_worst = _grads_rel(compiled[1], eager[1])
-    missed = not zm.bf16 and (res.loss_rel > FP32_RTOL or res.grad_rel > FP32_GRAD_RTOL)
+    missed = misses_fp32(res.loss_rel, res.grad_rel, bf16=zm.bf16)
     # the references below run the sharded step, whose collectives every rank must join: a
     # rank that met the tolerances runs them too when another rank missed (its record keeps
     # them; ``zoo.worker._merge`` judges only the ranks that missed)
@@ -331,18 +334,25 @@ def _eager_fp64(model: str, steps: int, rank: int) -> Run:
     return _train(step, _shard_params(step), batches)
 
 
+def jitter_one_ulp(module: nn.Module, seed: int) -> None:
+    """Multiply every floating parameter element of ``module`` in place by ``1 +- 2**-24``
+    (one fp32 ulp of it at most), the signs drawn from ``seed``: the same perturbation for
+    the same seed, on every rank and in ``zoo.kinks``."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                sign = 2 * torch.randint(0, 2, p.shape, generator=gen, dtype=p.dtype) - 1
+                p.mul_(1 + 2.0**-24 * sign)
+
+
 def _eager_jittered(model: str, steps: int, rank: int, seed: int) -> Run:
     """The same model (rebuilt from its seed) with every parameter element multiplied by
     ``1 +- 2**-24`` (one ulp of fp32 at most; signs drawn from ``seed``, the same on every
     rank), sharded the same way and trained in fp32 on the same batches: how far fp32 rounding
     alone moves the gradients (see :func:`zoo.verdict.matches_stock_where_undetermined`)."""
     zm = MODELS[model](steps)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in zm.module.parameters():
-            if p.is_floating_point():
-                sign = 2 * torch.randint(0, 2, p.shape, generator=gen, dtype=p.dtype) - 1
-                p.mul_(1 + 2.0**-24 * sign)
+    jitter_one_ulp(zm.module, seed)
     step = _sharded_step(zm)
     return _train(step, _shard_params(step), _rank_batches(zm, rank))
 

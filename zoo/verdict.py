@@ -72,6 +72,15 @@ def numerics_tolerance(res: CaseResult) -> tuple[float, float] | None:
     return max(res.stock_loss_rel, FP32_RTOL), max(res.stock_grad_rel, FP32_GRAD_RTOL)
 
 
+def misses_fp32(loss_rel: float | None, grad_rel: float | None, *, bf16: bool) -> bool:
+    """Whether a compiled fp32 run missed the fp32 tolerances against its eager fp32: the
+    runs the fp64, jitter and stock references are measured for and judge (a bf16 case never
+    takes them; an unmeasured one has nothing to judge)."""
+    if bf16 or loss_rel is None or grad_rel is None:
+        return False
+    return loss_rel > FP32_RTOL or grad_rel > FP32_GRAD_RTOL
+
+
 def within_fp64_reference(res: CaseResult) -> bool:
     """torch's fp64-referenced accuracy check: the compiled run is no further from eager fp64
     than ``FP64_MULTIPLIER`` x eager fp32 is (loss and gradients, each floored at

@@ -68,6 +68,7 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     within_fp64_reference`` judges that rank; a rank without the pair met the fp32
     tolerances)."""
     from zoo.run import FP32_GRAD_RTOL, FP32_RTOL
+    from zoo.verdict import misses_fp32
 
     merged = dict(parts[0])
     for key in ("loss_rel", "grad_rel"):
@@ -77,7 +78,11 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         merged["grad_worst"] = max(parts, key=lambda p: p["grad_rel"]).get("grad_worst", "")
     # the references ran on every rank once one rank missed the fp32 tolerances (their
     # collectives need every rank); only the ranks that missed are judged by them
-    missed = [p for p in parts if _missed_fp32(p)]
+    missed = [
+        p
+        for p in parts
+        if misses_fp32(p.get("loss_rel"), p.get("grad_rel"), bf16=bool(p.get("bf16")))
+    ]
     for key in ("fp64_loss_rel", "fp64_eager_loss_rel", "fp64_grad_rel", "fp64_eager_grad_rel"):
         merged[key] = None
     for got, ref, tol in (
@@ -101,17 +106,6 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     if errors and not merged.get("error"):
         merged["error"] = "; ".join(errors)
     return merged
-
-
-def _missed_fp32(part: dict[str, Any]) -> bool:
-    """Whether one rank's compiled run missed the fp32 tolerances against its eager fp32 (the
-    ranks the fp64, jitter and stock references judge; a bf16 case never takes them)."""
-    from zoo.run import FP32_GRAD_RTOL, FP32_RTOL
-
-    loss, grad = part.get("loss_rel"), part.get("grad_rel")
-    if part.get("bf16") or loss is None or grad is None:
-        return False
-    return bool(loss > FP32_RTOL or grad > FP32_GRAD_RTOL)
 
 
 def run_ranks(model: str, configs: list[str], ranks: int, out: str) -> None:
