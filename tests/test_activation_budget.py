@@ -92,7 +92,9 @@ def test_every_budget_from_the_floor_to_the_replay_fits_and_trains_like_eager() 
     full = replay.saved_activation_bytes
     eager_loss, eager_grads = _eager()
     previous_flops = -1
-    for budget in (full, (2 * full) // 3, full // 3, 0):
+    # the replay's own bytes, half of them, nothing: a fourth point (2/3 and 1/3 in place of
+    # 1/2) cost 12 s of a CI run over the 30-minute bound (2026-12-04)
+    for budget in (full, full // 2, 0):
         report, loss, grads = _run(budget)
         assert report.budget_floor_bytes == 0
         assert report.budget_replay_bytes == full

@@ -32,7 +32,9 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
-    config = ModelConfig(dim=64, n_layers=2, n_heads=4, ffn_dim=128, vocab=128, seq_len=32, batch=2)
+    # one layer: a block's bucket and the head's; a second layer repeats the block's (124 s of a
+    # 2-worker run with two, 2026-12-04)
+    config = ModelConfig(dim=64, n_layers=1, n_heads=4, ffn_dim=128, vocab=128, seq_len=32, batch=2)
     eager = Transformer(config, Sharding.from_world(torch.bfloat16))
     batch = eager.example_batch(0, rank)
     grads: dict[str, list[torch.Tensor]] = {}

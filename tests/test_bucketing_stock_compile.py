@@ -39,9 +39,16 @@ def runs() -> dict[str, list[dict[str, Any]]]:
     return _zoo_bucketing()
 
 
+@pytest.mark.heavy
 def test_coalesced_buckets_train_like_eager() -> None:
     """The copy-free form (``bucket_mode="coalesced"``, ap's FSDP schedule) through Inductor
-    on 2 gloo ranks with SimpleFSDP: bucketed as the default form is, numerics as eager's."""
+    on 2 gloo ranks with SimpleFSDP: bucketed as the default form is, numerics as eager's.
+
+    ``heavy`` since 2026-12-04 (72 s of a CI run over the 30-minute bound): the default run
+    trains the same form and schedule on 2 gloo ranks through the backend
+    (``tests/test_multirank_gloo.py``'s ``full_prefetch``) and inside torchtitan's
+    graph_trainer (``tests/test_graph_trainer.py``, the ``ap`` pipeline), and ap-bucketing on
+    stock ``torch.compile`` in its default form below."""
     # SimpleFSDP, torchtitan's engine (the default form of both engines is tested below)
     coalesced = _zoo_bucketing("--bucketing", "coalesced", "--engines", "simple_fsdp")
     assert list(coalesced) == ["simple_fsdp"]

@@ -21,9 +21,12 @@ axis) and the pairwise sample (``pairwise_cases()``: every pair of values of
 every two axes, 12 cases) in a spawn of its own; ``python -m zoo.ep_routes --cases all`` the
 whole product (``zoo/RESULTS-ep-routes.md``).
 
-One 2-rank spawn runs the three legacy cases: 169 s in a fresh-clone CI run at load 4-5 on
-the 2-core machine (2026-11-26; 353 s with the two matrix cases, which CI has no room for). ``AP_EP_ROUTES_CASES=all`` adds
-DeepSeek-V3 and N=4 on the hinted route (302 s).
+The default run spawns 2 ranks for the hinted case alone. The three legacy cases in one
+spawn took 213 s of a 2-worker run on the 2-core machine (2026-12-04), over the CI budget. The
+two refusals (``static``, ``none``) then run under ``-m heavy``, in a spawn of their own. A
+refusal's text naming its fix is also tested in the default run, on a user MoE through the
+backend (``tests/test_ep_chunk_backend.py``: the unmarked and static-route refusals).
+``AP_EP_ROUTES_CASES=all`` adds DeepSeek-V3 and N=4 on the hinted route.
 """
 
 from __future__ import annotations
@@ -56,10 +59,13 @@ FIX_SPELLINGS = (
 )
 #: the three legacy cases (model, marks, N) on the no-precompile route, Qwen3-MoE real EP
 LEGACY = [("tt_qwen3_moe_ep", marks, 2) for marks in ("hinted", "static", "none")]
+#: the default run's: the hinted route (the refusals are ``heavy``)
+HINTED = [case for case in LEGACY if case[1] == "hinted"]
+REFUSED = [case for case in LEGACY if case[1] != "hinted"]
 
 
 def _cases() -> list[Case | tuple[str, str, int]]:
-    cases: list[Case | tuple[str, str, int]] = [*LEGACY]
+    cases: list[Case | tuple[str, str, int]] = [*HINTED]
     if os.environ.get("AP_EP_ROUTES_CASES") == "all":
         cases += [("tt_deepseek_v3_ep", "hinted", 2), ("tt_qwen3_moe_ep", "hinted", 4)]
     return cases
@@ -74,8 +80,8 @@ def all_rows() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rows(all_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The legacy cases' rows."""
-    return all_rows[: len(LEGACY)]
+    """The hinted legacy case's rows."""
+    return all_rows[: len(HINTED)]
 
 
 def route_problems(row: dict[str, Any]) -> list[str]:
@@ -177,10 +183,15 @@ def test_hinted_route_without_precompile_trains_like_eager_ep(rows: list[dict[st
         assert sum(after for *_, after, _ in schedule) < sum(b for *_, b, _, _ in schedule), row
 
 
-def test_static_and_unmarked_routes_refuse_at_compile_time(rows: list[dict[str, Any]]) -> None:
+@pytest.mark.heavy
+def test_static_and_unmarked_routes_refuse_at_compile_time() -> None:
+    """``static`` and ``none`` marks on real EP: a ``ChunkError`` at the first call, naming the
+    fix (a spawn of its own: about 80 s of a CI run, so ``-m heavy``)."""
+    from zoo.ep_routes import run_routes
+
+    rows = run_routes(REFUSED, port=29663)
+    assert [r["marks"] for r in rows] == [marks for _, marks, _ in REFUSED]
     for row in rows:
-        if row["marks"] == "hinted":
-            continue
         assert row["outcome"] == "refused", row
         assert row["stage"] == "step 1 forward", row  # the first call: Dynamo + the backend
         assert "ChunkError" in row["error"], row
