@@ -22,8 +22,8 @@ every two axes, 12 cases) in a spawn of its own; ``python -m zoo.ep_routes --cas
 whole product (``zoo/RESULTS-ep-routes.md``).
 
 The default run spawns 2 ranks for the hinted case alone. The three legacy cases in one
-spawn took 213 s of a 2-worker run on the 2-core machine (2026-12-04), over the CI budget. The
-two refusals (``static``, ``none``) then run under ``-m heavy``, in a spawn of their own. A
+spawn took 213 s of a 2-worker run on the 2-core machine (2026-12-04), over the CI budget, so
+the two refusals (``static``, ``none``) now run under ``-m heavy``, in a spawn of their own. A
 refusal's text naming its fix is also tested in the default run, on a user MoE through the
 backend (``tests/test_ep_chunk_backend.py``: the unmarked and static-route refusals).
 ``AP_EP_ROUTES_CASES=all`` adds DeepSeek-V3 and N=4 on the hinted route.
