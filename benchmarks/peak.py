@@ -93,18 +93,6 @@ SHAPES: dict[str, dict[str, Any]] = {
         "seq_len": 32,
         "batch": 2,
     },
-    # the same at 2 layers: tests/test_peak_memory.py's default run (a bucket wider than a
-    # block still shows: two blocks, the embedding and the head)
-    "weights_2l": {
-        "model": "kit",
-        "dim": 256,
-        "n_layers": 2,
-        "n_heads": 4,
-        "ffn_dim": 1024,
-        "vocab": 1024,
-        "seq_len": 32,
-        "batch": 2,
-    },
     "quick": {
         "model": "kit",
         "dim": 64,
