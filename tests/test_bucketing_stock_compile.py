@@ -1,7 +1,7 @@
 """ap-bucketing alone on stock ``torch.compile``, as a trainer that depends on nothing else of
 this workspace uses it: torchtitan's Llama3 debug model on 2 gloo ranks, both FSDP engines
-(torchtitan's SimpleFSDP; the zoo's ``FsdpTrainStep`` under ``-m heavy``), ``post_grad_custom_post_pass =
-OverlapBucketingPass(...)``. Stock min-cut saves the gathered weights, so the backward only
+(torchtitan's SimpleFSDP; the zoo's ``FsdpTrainStep`` under ``-m heavy``),
+``post_grad_custom_post_pass = OverlapBucketingPass(...)``. Stock min-cut saves the gathered weights, so the backward only
 reduce-scatters: one collective per parameter (17) unless the FSDP group is found from the
 reduce-scatters themselves (``ap_bucketing._groups``). Numerics: eager with the same sharding."""
 
@@ -60,7 +60,7 @@ def test_coalesced_buckets_train_like_eager() -> None:
     (``tests/test_multirank_gloo.py``'s ``full_prefetch``) and inside torchtitan's
     graph_trainer (``tests/test_graph_trainer.py``, the ``ap`` pipeline), and ap-bucketing on
     stock ``torch.compile`` in its default form below."""
-    # SimpleFSDP, torchtitan's engine (the default form of both engines is tested below)
+    # SimpleFSDP, torchtitan's engine (the default form is tested below)
     coalesced = _zoo_bucketing("--bucketing", "coalesced", "--engines", "simple_fsdp")
     assert list(coalesced) == ["simple_fsdp"]
     for engine, ranks in coalesced.items():

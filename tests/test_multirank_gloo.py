@@ -8,8 +8,9 @@ copy-free coalesced buckets). One spawn runs all four configurations.
 
 AC with the default bucketing and no overlap scheduler (``enable_ac=True`` alone) was a fifth
 variant here until 2026-12-04, when the suite ran over CI's 30 minutes (about 28 s of it). AC
-at 2 ranks is still checked against eager by the full configuration here and by the zoo's
-``--configs full --ranks 2`` (``tests/test_zoo.py``); ``enable_ac=True`` alone at 1 rank by
+at 2 ranks is still checked against eager by ``full_prefetch`` here and by the full
+configuration on torchtitan's Llama3 (``zoo.meshes``' ``accum_eval`` row,
+``tests/test_meshes.py``); ``enable_ac=True`` alone at 1 rank by
 ``packages/ap-backend/tests/test_gpu.py`` (``world1_numerics_match_eager[cpu-ac]``)."""
 
 from __future__ import annotations

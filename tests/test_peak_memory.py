@@ -13,8 +13,8 @@ share of the peak, so a bucket spanning more than a block shows. (At 2 layers th
 long in CI, 140.5 s against 139.7 s at 4 layers, 2026-12-04: a row's process start, imports and
 ``precompile`` outweigh the layers' compile; so it stays at 4, the stronger check. At 2 layers
 the default peaked +756,736 B over ``bucketing=False``'s 2,753,224 B, model-wide buckets at
-10,526,984 B.) ``heavy``: the kit at dim 256 /
-2 layers / seq 512 (1,024 tokens, activations dominate) with the issue's ratios.
+10,526,984 B.) ``heavy``: the kit at dim 256 / 2 layers / seq 512 (1,024 tokens, activations
+dominate) with the issue's ratios.
 """
 
 from __future__ import annotations

@@ -11,25 +11,16 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import sympy
 import torch
 from ap_epchunk import ChunkConfig, ChunkError, chunk_pass, concretize_chunk_symbols
-from ap_testing.chunking import RandomModel, random_models, run_joint
+from ap_testing.chunking import RandomModel, property_settings, random_models, run_joint
 from ap_testing.graphs import snapshot
-from hypothesis import given, settings
+from hypothesis import given
 
-#: 100 examples a test: each traces and runs a random joint graph (0.2-0.5 s), and 200 took
-#: 45-92 s a test of a CI run on 2 cores (2026-12-04). ``AP_EPCHUNK_EXAMPLES=200`` (or more)
-#: runs a deeper search; ``derandomize``: the same examples on every run.
-SAFETY = settings(
-    max_examples=int(os.environ.get("AP_EPCHUNK_EXAMPLES", "100")),
-    deadline=None,
-    derandomize=True,
-    database=None,
-)
+SAFETY = property_settings()
 
 
 def _config(m: RandomModel, symbolic: bool) -> ChunkConfig:

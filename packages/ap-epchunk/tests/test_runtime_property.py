@@ -17,15 +17,15 @@ refusal must leave the graph exactly as it was.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
 from ap_epchunk import ChunkConfig, ChunkError, chunk_pass, concretize_chunk_symbols
+from ap_testing.chunking import property_settings
 from ap_testing.graphs import snapshot
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 aten = torch.ops.aten
@@ -48,15 +48,7 @@ OPS: dict[str, bool] = {
     "item": True,
 }
 
-#: 100 examples a test: each traces and runs a random joint graph (0.2-0.5 s), and 200 took
-#: 45-92 s a test of a CI run on 2 cores (2026-12-04). ``AP_EPCHUNK_EXAMPLES=200`` (or more)
-#: runs a deeper search; ``derandomize``: the same examples on every run.
-EXAMPLES = settings(
-    max_examples=int(os.environ.get("AP_EPCHUNK_EXAMPLES", "100")),
-    deadline=None,
-    derandomize=True,
-    database=None,
-)
+EXAMPLES = property_settings()
 
 
 @dataclass(frozen=True)
