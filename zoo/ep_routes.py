@@ -289,7 +289,8 @@ def _joint_input_names(fn: Any, batch: Sequence[torch.Tensor]) -> tuple[str, ...
     torch._dynamo.reset()
     try:
         with torch._dynamo.config.patch(capture_scalar_outputs=True):
-            torch.compile(fn, backend=backend)(*batch)
+            compiled: Callable[..., Any] = torch.compile(fn, backend=backend)
+            compiled(*batch)
     except Exception as exc:  # noqa: BLE001 - _Found ends the trace, wrapped by Dynamo
         if not _in_chain(exc, (_Found,)):
             raise
@@ -536,9 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     # report no chunk pass for a graph a previous case chunked
     os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
     os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
-    cases = {"all": all_cases, "sample": pairwise_cases, "default": lambda: DEFAULT_CASES}[
-        args.cases
-    ]()
+    choices: dict[str, Callable[[], list[Case]]] = {
+        "all": all_cases,
+        "sample": pairwise_cases,
+        "default": lambda: DEFAULT_CASES,
+    }
+    cases = choices[args.cases]()
     if args.models:
         cases = [c for c in cases if c.model in args.models.split(",")]
     if args.keys:
