@@ -98,3 +98,29 @@ def test_a_warm_cache_does_not_serve_another_chunk_count(tmp_path: Path) -> None
     assert reports["2"] == 1
     # N = 4 chunked its own graph: not a cache hit of the N = 2 graph
     assert reports["4"] == 1, "the N=4 backend was served the cached N=2 graph"
+
+
+def test_the_code_hash_covers_a_package_s_subpackages(tmp_path: Path) -> None:
+    """The code a key stands for is every ``*.py`` under a package, subpackages included:
+    ap-backend's compat seam is a subpackage (``ap_backend/_compat/``), and an edit there (a
+    changed lookup of a torch internal) must miss the caches as an edit of a top-level module
+    does. Two copies of a package that differ only in a subpackage's module hash apart (torch's
+    ``get_hash_for_files`` hashes the files' bytes, not their paths)."""
+    import types
+
+    from ap_backend import _compat
+
+    def package(name: str, sub_text: str) -> types.ModuleType:
+        root = tmp_path / name
+        (root / "sub").mkdir(parents=True)
+        (root / "__init__.py").write_text("x = 1\n")
+        (root / "sub" / "__init__.py").write_text("")
+        (root / "sub" / "mod.py").write_text(sub_text)
+        module = types.ModuleType(name)
+        module.__file__ = str(root / "__init__.py")
+        return module
+
+    same = [_compat.hash_package_sources([package(n, "y = 1\n")]) for n in ("a", "b")]
+    assert same[0] == same[1]
+    edited = _compat.hash_package_sources([package("c", "y = 2\n")])
+    assert edited != same[0]
