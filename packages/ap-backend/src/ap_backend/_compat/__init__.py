@@ -67,11 +67,7 @@ from ._patches import (
     FIRST_PARTITION_RNG_RULE,
     metadata_copy_replaces_custom,
 )
-from ._support import (
-    SUPPORT,
-    TESTED_TORCH,
-    UnsupportedTorchError,
-)
+from ._support import SUPPORT, TESTED_TORCH, UnsupportedTorchError
 from ._tracing import (
     COMPILING,
     custom_op_functions,

@@ -9,11 +9,7 @@ from typing import Any
 
 import torch
 
-from ._support import (
-    SUPPORT,
-)
-
-# --------------------------------------------------------------------------- collectives
+from ._support import SUPPORT
 
 
 def load_functional_collectives() -> None:

@@ -10,11 +10,10 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from ._support import (
-    _FUNCTORCH_CONFIG,
-    _INDUCTOR_CONFIG,
-    SUPPORT,
-)
+from ._support import SUPPORT
+
+_INDUCTOR_CONFIG = "torch._inductor.config"
+_FUNCTORCH_CONFIG = "torch._functorch.config"
 
 # --------------------------------------------------------------------------- config scopes
 

@@ -16,11 +16,10 @@ from typing import Any
 import torch
 
 from ._config import inductor_config_patch
-from ._support import (
-    _COMPILE_FX,
-    _CUSTOM_GRAPH_PASS,
-    SUPPORT,
-)
+from ._support import SUPPORT
+
+_COMPILE_FX = "torch._inductor.compile_fx"
+_CUSTOM_GRAPH_PASS = "torch._inductor.custom_graph_pass"
 
 # --------------------------------------------------------------------------- Inductor entry points
 

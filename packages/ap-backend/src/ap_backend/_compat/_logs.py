@@ -12,17 +12,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._support import (
-    _TRACE_LOGGER,
-    SUPPORT,
-    UnsupportedTorchError,
-)
+from ._support import SUPPORT, UnsupportedTorchError
+
+#: The logger ``TORCH_TRACE`` attaches its handler to (structured trace artifacts).
+_TRACE_LOGGER = "torch.__trace"
 
 #: The logger of Inductor's FSDP pre-bucketing pass (INFO ``pre_bucket_fsdp_collectives: ...``
 #: on every compile; the demo filters it unless ``--verbose``).
 FSDP_PASS_LOGGER = "torch._inductor.fx_passes.fsdp"
-
-# --------------------------------------------------------------------------- structured trace
 
 
 def trace_structured() -> Callable[..., Any]:

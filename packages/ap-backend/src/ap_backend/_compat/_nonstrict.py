@@ -9,11 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._support import (
-    SUPPORT,
-)
-
-# --------------------------------------------------------------------------- AOTAutograd's cache
+from ._support import SUPPORT
 
 #: Where Dynamo's call of a ``nonstrict_trace``'d function lands in its graph: a closure made
 #: per call site, ``torch._dynamo.variables.torch.<...>.flat_apply_capture(callable, in_spec,

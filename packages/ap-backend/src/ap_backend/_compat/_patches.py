@@ -14,10 +14,7 @@ import torch
 from ap_tags.graph import is_rng_op
 from ap_tags.scoped import ScopedPatch
 
-from ._support import (
-    SUPPORT,
-    UnsupportedTorchError,
-)
+from ._support import SUPPORT, UnsupportedTorchError
 
 log = logging.getLogger(__name__)
 

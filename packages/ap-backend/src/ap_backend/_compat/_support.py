@@ -1,6 +1,5 @@
 """The seam's shared pieces: the tested torch versions, the error a missing internal raises,
-the ``SUPPORT`` lookup every themed module of :mod:`ap_backend._compat` goes through, and the
-dotted names of the torch modules more than one of them reads."""
+and the ``SUPPORT`` lookup every themed module of :mod:`ap_backend._compat` goes through."""
 
 from __future__ import annotations
 
@@ -15,11 +14,3 @@ class UnsupportedTorchError(torch_support.UnsupportedTorchError):
 
 
 SUPPORT = torch_support.TorchSupport("ap-backend", TESTED_TORCH, UnsupportedTorchError)
-
-_INDUCTOR_CONFIG = "torch._inductor.config"
-_FUNCTORCH_CONFIG = "torch._functorch.config"
-_COMPILE_FX = "torch._inductor.compile_fx"
-_CUSTOM_GRAPH_PASS = "torch._inductor.custom_graph_pass"
-_AOT_AUTOGRAD = "torch._functorch.aot_autograd"
-#: The logger ``TORCH_TRACE`` attaches its handler to (structured trace artifacts).
-_TRACE_LOGGER = "torch.__trace"

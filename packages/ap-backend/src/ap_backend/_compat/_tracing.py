@@ -13,10 +13,9 @@ from typing import Any
 import torch
 from ap_tags.scoped import ScopedPatch
 
-from ._support import (
-    _AOT_AUTOGRAD,
-    SUPPORT,
-)
+from ._support import SUPPORT
+
+_AOT_AUTOGRAD = "torch._functorch.aot_autograd"
 
 
 @contextlib.contextmanager
