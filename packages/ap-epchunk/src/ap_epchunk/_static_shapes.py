@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,53 +33,25 @@ from ap_tags.scoped import quiet_logger
 from ._chunk_dims import MULTI, ChunkDim, ChunkShapes, Unknown, size_arg_positions
 from ._compat import FAKE_TENSOR_LOGGER
 from ._errors import ChunkError, source_of
+from ._probe_ops import (
+    SCATTER_OPERANDS,
+    VIEW_OPS,
+    check_index_put_values,
+    chunked_creation_args,
+    creation_dims,
+    is_creation,
+    view_out_dim,
+)
 from ._tangents import tangent_outputs
 
 aten = torch.ops.aten
 
 
-_VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
-
-#: Ops that make a tensor from sizes alone, with the position of the size argument.
-_CREATION_OPS: dict[Any, int] = {
-    aten.full.default: 0,
-    aten.zeros.default: 0,
-    aten.ones.default: 0,
-    aten.empty.memory_format: 0,
-    aten.empty_strided.default: 0,
-    aten.arange.default: 0,
-    aten.arange.start: 1,
-    aten.arange.start_step: 1,
-    # a value without the chunk dim broadcast to a size list (the backward of a scalar loss:
-    # ``expand(grad, [8, 8])``): a creation along its broadcast dims only (_creation_dims)
-    aten.expand.default: 1,
-}
-
 #: How far back from a failing node the repair looks for creation ops (nodes visited).
 _REPAIR_REACH = 400
 
-
-def is_creation(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in _CREATION_OPS
-
-
-def _view_out_dim(in_shape: list[int], c: int, out_shape: list[int], n: int) -> int | None:
-    """Output dim a view maps input chunk dim ``c`` onto, keeping chunks contiguous."""
-    outer = math.prod(in_shape[:c])
-    for d in range(len(out_shape)):
-        if math.prod(out_shape[:d]) == outer and out_shape[d] % n == 0 and out_shape[d] >= n:
-            return d
-        if math.prod(out_shape[:d]) > outer:
-            break
-    return None
-
-
-def _contiguous_strides(shape: list[int]) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return strides[::-1]
+#: A table entry the trial did not have (told apart from an entry of None).
+_MISSING: Any = object()
 
 
 @dataclass(frozen=True)
@@ -176,7 +147,7 @@ class StaticShapes(ChunkShapes):
             vals = torch.fx.node.map_arg((args, kwargs), self._val)
             assert callable(node.target)
             self.probe[node] = node.target(*vals[0], **vals[1])
-            _check_index_put_values(node, vals[0], vals[1])
+            check_index_put_values(node, vals[0], vals[1])
             self.args[node] = (args, kwargs)
             return None
         except Exception as exc:  # noqa: BLE001 - any failure makes the value unknown
@@ -206,53 +177,6 @@ class StaticShapes(ChunkShapes):
                     todo.extend(cur.all_input_nodes)  # full-size values only
         return sorted(found, key=lambda n: -self.order[n])
 
-    def _chunked_creation_args(
-        self, node: torch.fx.Node, d: int
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        args, kwargs = list(node.args), dict(node.kwargs)
-        pos = _CREATION_OPS[node.target]
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            return None
-        if node.target in (aten.arange.start, aten.arange.start_step):
-            if args[0] != 0 or (len(args) > 2 and args[2] != 1):
-                return None  # only 0..n: a chunk of it is 0..n/N (chunk-local positions)
-        if pos >= len(args):
-            return None
-        sizes = args[pos]
-        if node.target in _CREATION_OPS and isinstance(sizes, int):
-            sizes = [sizes]  # arange's end
-            scalar = True
-        else:
-            scalar = False
-        if not isinstance(sizes, (list, tuple)) or not all(type(s) is int for s in sizes):
-            return None
-        new = list(sizes)
-        new[d] //= self.num_chunks
-        args[pos] = new[0] if scalar else new
-        if node.target is aten.empty_strided.default:
-            strides = args[1]
-            if not isinstance(strides, (list, tuple)) or list(strides) != _contiguous_strides(
-                list(sizes)
-            ):
-                return None
-            args[1] = _contiguous_strides(new)
-        return tuple(args), kwargs
-
-    def _creation_dims(self, node: torch.fx.Node) -> list[int]:
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            return []
-        n = self.num_chunks
-        dims = [d for d, s in enumerate(val.shape) if int(s) % n == 0 and int(s) >= n]
-        if node.target is aten.expand.default:
-            src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-            if not isinstance(src, torch.Tensor):
-                return []
-            lead = val.dim() - src.dim()  # new leading dims, then dims of size 1 broadcast
-            dims = [d for d in dims if d < lead or int(src.shape[d - lead]) == 1]
-        return dims
-
     def _descendants(self, start: torch.fx.Node, upto: torch.fx.Node) -> list[torch.fx.Node]:
         """Nodes computed from ``start`` (itself excluded) up to ``upto`` in graph order."""
         limit = self.order[upto]
@@ -272,7 +196,7 @@ class StaticShapes(ChunkShapes):
         """Chunk ``creation`` along ``d`` and re-probe everything computed from it up to
         ``upto``. Success (``upto`` and every re-probed node computed, ``ok()`` holds): the new
         state stays and an undo function is returned. Failure: the old state is back, None."""
-        new_args = self._chunked_creation_args(creation, d)
+        new_args = chunked_creation_args(creation, d, self.num_chunks)
         if new_args is None:
             return None
         affected = [creation, *self._descendants(creation, upto)]
@@ -331,7 +255,7 @@ class StaticShapes(ChunkShapes):
         propagation failed."""
         fits: list[tuple[torch.fx.Node, int]] = []
         for creation in self._creation_candidates(node):
-            for d in self._creation_dims(creation):
+            for d in creation_dims(creation, self.num_chunks):
                 undo = self._trial(creation, d, node, ok)
                 if undo is not None:
                     undo()
@@ -377,7 +301,7 @@ class StaticShapes(ChunkShapes):
         full_t = target.meta.get("val")
         if not isinstance(full_t, torch.Tensor):
             return
-        for name in _SCATTER_OPERANDS:
+        for name in SCATTER_OPERANDS:
             other = bound.get(name)
             if not isinstance(other, torch.fx.Node):
                 continue
@@ -398,7 +322,7 @@ class StaticShapes(ChunkShapes):
     # ------------------------------------------------------------------ shape rewriting
     def _rewrite_shapes(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
         args, kwargs = tuple(node.args), dict(node.kwargs)
-        if node.target not in _VIEW_OPS and node.target is not aten.expand.default:
+        if node.target not in VIEW_OPS and node.target is not aten.expand.default:
             return self._rewrite_template_sizes(node, args, kwargs)
         src = args[0]
         if not isinstance(src, torch.fx.Node) or src not in self.probe:
@@ -416,9 +340,7 @@ class StaticShapes(ChunkShapes):
         if node.target is aten.expand.default:
             d: int | None = c + len(out_shape) - self._val(src).dim()
         else:
-            d = _view_out_dim(
-                [int(s) for s in src.meta["val"].shape], c, out_shape, self.num_chunks
-            )
+            d = view_out_dim([int(s) for s in src.meta["val"].shape], c, out_shape, self.num_chunks)
         if d is None:
             raise ChunkError(f"cannot carry chunk dim {c} through this view", node)
         if sizes[d] != -1:
@@ -488,41 +410,3 @@ class StaticShapes(ChunkShapes):
 
     def chunk_args(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return self.args.get(node, (tuple(node.args), dict(node.kwargs)))
-
-
-_MISSING: Any = object()
-
-#: Arguments of the scatter family whose chunk dim ``self`` must share.
-_SCATTER_OPERANDS = ("index", "src", "source", "values")
-
-_INDEX_PUTS = frozenset(
-    {aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default}
-)
-
-
-def _check_index_put_values(node: torch.fx.Node, args: Any, kwargs: Any) -> None:
-    """Raise as the real kernel does when ``index_put(self, indices, values)``'s ``values`` do
-    not broadcast to the indexing result: torch's fake / meta ``index_put`` does not check it,
-    so a full-size ``values`` next to chunk-sized ``self`` and indices would pass the probe and
-    fail at run time (``shape mismatch: value tensor of shape [18, 8] cannot be broadcast to
-    indexing result of shape [9, 8]``)."""
-    if node.target not in _INDEX_PUTS or len(args) < 3:
-        return
-    self_t, indices, values = args[0], args[1], args[2]
-    if not isinstance(self_t, torch.Tensor) or not isinstance(values, torch.Tensor):
-        return
-    result = aten.index.Tensor(self_t, list(indices))
-    want, got = list(result.shape), list(values.shape)
-    if len(got) > len(want):
-        got = (
-            got[len(got) - len(want) :] if all(s == 1 for s in got[: len(got) - len(want)]) else got
-        )
-    bad = len(got) > len(want) or any(
-        isinstance(g, int) and isinstance(w, int) and g not in (1, w)
-        for g, w in zip(reversed(got), reversed(want), strict=False)
-    )
-    if bad:
-        raise RuntimeError(
-            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast "
-            f"to indexing result of shape {list(result.shape)}"
-        )
