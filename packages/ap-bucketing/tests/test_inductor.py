@@ -74,6 +74,28 @@ def test_changing_max_topo_span_recompiles_instead_of_reusing(tmp_path: Path) ->
     assert changed == [0, 1]  # max_topo_span changed: new key, recompiled
 
 
+def test_the_code_in_the_cache_keys_covers_the_compat_subpackage(tmp_path: Path) -> None:
+    """The pass's and the config's cache keys carry a hash of the package's code; it covers
+    every ``*.py`` under the package, the compat seam (``ap_bucketing/_compat/``) included: two
+    copies that differ only in a subpackage module hash apart, and the package's own hash
+    reads its seam."""
+    from ap_bucketing import _source
+
+    def package(name: str, sub_text: str) -> Path:
+        root = tmp_path / name
+        (root / "_compat").mkdir(parents=True)
+        (root / "__init__.py").write_text("x = 1\n")
+        (root / "_compat" / "__init__.py").write_text(sub_text)
+        return root
+
+    same = {_source.source_hash(package(n, "y = 1\n")) for n in ("a", "b")}
+    assert len(same) == 1
+    assert _source.source_hash(package("c", "y = 2\n")) not in same
+    root = Path(ap_bucketing.__file__).parent
+    assert (root / "_compat" / "_fsdp.py").is_file()
+    assert _source.package_source_hash() == _source.source_hash(root)
+
+
 def test_pass_uuid_covers_config_and_options() -> None:
     base = OverlapBucketingPass(BucketingConfig(), cpu=True)
     assert base.uuid() == OverlapBucketingPass(BucketingConfig(), cpu=True).uuid()

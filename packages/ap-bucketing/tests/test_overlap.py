@@ -241,7 +241,7 @@ def test_a_non_contiguous_reduce_scatter_input_gets_a_contiguous_copy_where_torc
     is not compatible with input tensor's size and stride"). Where torch packs that way, the
     pass gives such a member a contiguous copy first; the probe is forced here so the rule runs
     on every torch (on 2.13+ it is a no-op)."""
-    import ap_bucketing._compat as compat
+    import ap_bucketing._compat._fsdp as compat
 
     monkeypatch.setattr(compat, "_VIEW_PACKING", True)
     gm = backward_like_graph(4, fake_pg, regather=False)
@@ -267,7 +267,7 @@ def test_a_non_contiguous_reduce_scatter_input_gets_a_contiguous_copy_where_torc
 def test_contiguous_inputs_leave_the_graph_alone_where_torch_packs_any_strides(
     fake_pg: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ap_bucketing._compat as compat
+    import ap_bucketing._compat._fsdp as compat
 
     monkeypatch.setattr(compat, "_VIEW_PACKING", False)
     gm = backward_like_graph(2, fake_pg, regather=False)
