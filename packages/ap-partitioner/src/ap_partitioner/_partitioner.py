@@ -71,9 +71,10 @@ class ReplayError(RuntimeError):
 
 
 def source_files() -> list[Path]:
-    """Every Python file of this package, found by globbing its directory (so a module that is
-    added, renamed or removed changes the hash without anyone updating a list)."""
-    return sorted(Path(__file__).parent.glob("*.py"))
+    """Every Python file of this package, subpackages included, found by globbing its directory
+    (so a module that is added, renamed or removed changes the hash without anyone updating a
+    list; a subpackage, such as a compat seam split into one, counts as ap-bucketing's does)."""
+    return sorted(Path(__file__).parent.rglob("*.py"))
 
 
 def _files_hash(root: Path, paths: Sequence[Path]) -> str:
